@@ -1,0 +1,225 @@
+/* The allocator's entry points: allocate, free, memory info, migrate, fork. */
+#include "allocator/allocator_internal.h"
+
+#include <inttypes.h>
+#include <string.h>
+
+static struct device *device_of(CUdeviceptr p)
+{
+  int ordinal;
+  return psa_chunk_of(p, &ordinal) < 0 ? NULL : &psa_devices[ordinal];
+}
+
+static bool fits(struct device *d, struct span *s, uint64_t size)
+{
+  return s->nchunks * d->chunk_size - s->live_bytes >= size;
+}
+
+static struct span *carve_in(struct device *d, enum psa_where w, uint64_t size, CUstream stream, uint64_t *off)
+{
+  for (struct span *s = d->spans[w]; s; s = s->next)
+    if (fits(d, s, size) && psa_span_carve(d, s, size, stream, off))
+      return s;
+  return NULL;
+}
+
+static bool gpu_frame_available(struct device *d)
+{
+  return d->free_gpu != PSA_NO_FRAME || d->stats.gpu_frames_made < d->gpu_frame_limit;
+}
+
+/* Static placement: room in GPU spans, then a new span (GPU frames while the budget
+ * lasts), then room in host spans, then a new span of whatever frames are left. */
+static struct span *place(struct device *d, uint64_t size, CUstream stream, uint64_t *off)
+{
+  struct span *s = carve_in(d, PSA_GPU, size, stream, off);
+  if (s)
+    return s;
+  uint64_t nchunks = (size + d->chunk_size - 1) / d->chunk_size;
+  if (!gpu_frame_available(d) && (s = carve_in(d, PSA_HOST, size, stream, off)))
+    return s;
+  s = psa_span_new(d, nchunks);
+  if (s && !psa_span_carve(d, s, size, stream, off))
+    return NULL; /* cannot happen: a new span is one free range of at least size */
+  return s;
+}
+
+CUresult psa_alloc(int ordinal, size_t size, CUstream stream, CUdeviceptr *p)
+{
+  *p = 0;
+  if (size == 0)
+    return CUDA_SUCCESS;
+  struct device *d = psa_device_get(ordinal);
+  if (!d)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  uint64_t asize = psa_round_up(size, PSA_ALIGN), off = 0;
+  if (asize < size)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  pthread_mutex_lock(&d->lock);
+  struct span *s = place(d, asize, stream, &off);
+  CUdeviceptr ptr = s ? d->base + s->first_chunk * d->chunk_size + off : 0;
+  if (s && !psa_map_put(d, ptr, asize, s)) {
+    psa_span_release(d, s, off, asize, stream, NULL);
+    s = NULL;
+  }
+  if (!s) {
+    d->stats.failed_allocs++;
+    pthread_mutex_unlock(&d->lock);
+    ps_error("out of memory on device %d: %zu bytes asked; GPU budget (%llu MiB) and host budget (%llu MiB) are "
+             "both in use (PSSHIM_GPU_BUDGET, PSSHIM_HOST_BUDGET)",
+             ordinal, size, (unsigned long long)(d->stats.gpu_budget >> 20),
+             (unsigned long long)(d->stats.host_budget >> 20));
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  s->live_bytes += asize;
+  s->live_allocs++;
+  d->stats.allocs++;
+  d->stats.live_bytes += asize;
+  if (d->stats.live_bytes > d->stats.peak_live_bytes)
+    d->stats.peak_live_bytes = d->stats.live_bytes;
+  pthread_mutex_unlock(&d->lock);
+  *p = ptr;
+  return CUDA_SUCCESS;
+}
+
+CUresult psa_free(CUdeviceptr p, CUstream stream, bool sync)
+{
+  struct device *d = device_of(p);
+  if (!d)
+    return CUDA_ERROR_INVALID_VALUE;
+  /* cudaFree and cuMemFree wait for the device; then the bytes are free for every stream. */
+  if (sync && PS_CU(ps_driver.cuCtxSynchronize()))
+    return CUDA_ERROR_UNKNOWN;
+  pthread_mutex_lock(&d->lock);
+  struct alloc_entry *e = psa_map_find(d, p);
+  if (!e) {
+    pthread_mutex_unlock(&d->lock);
+    ps_log(PS_LOG_WARN, "free of %#" PRIx64 ": not a live allocation (freed twice, or inside one)", (uint64_t)p);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  CUevent ev = NULL;
+  if (!sync && (ev = psa_event_get(d)) && PS_CU(ps_driver.cuEventRecord(ev, stream))) {
+    psa_event_put(d, ev);
+    ev = NULL;
+    PS_CU(ps_driver.cuCtxSynchronize()); /* no event: make the free safe the slow way */
+  }
+  struct span *s = e->span;
+  uint64_t size = e->size, off = p - (d->base + s->first_chunk * d->chunk_size);
+  psa_map_remove(d, e);
+  psa_span_release(d, s, off, size, stream, ev);
+  s->live_bytes -= size;
+  s->live_allocs--;
+  d->stats.frees++;
+  d->stats.live_bytes -= size;
+  pthread_mutex_unlock(&d->lock);
+  return CUDA_SUCCESS;
+}
+
+void psa_mem_info(int ordinal, size_t *free_bytes, size_t *total_bytes)
+{
+  *free_bytes = *total_bytes = 0;
+  struct device *d = psa_device_get(ordinal);
+  if (!d)
+    return;
+  pthread_mutex_lock(&d->lock);
+  uint64_t total = d->stats.gpu_budget + d->stats.host_budget;
+  *total_bytes = total;
+  *free_bytes = total > d->stats.live_bytes ? total - d->stats.live_bytes : 0;
+  pthread_mutex_unlock(&d->lock);
+}
+
+/* Copies the live bytes of the chunk at window [lo, lo + chunk) of span s, between the
+ * two frames' staging mappings. Returns the bytes copied, or -1 on a failed copy. */
+static int64_t copy_live(struct device *d, struct span *s, uint64_t lo, uint32_t from, uint32_t to)
+{
+  uint64_t hi = lo + d->chunk_size, at = lo, copied = 0;
+  for (uint32_t i = 0; i <= s->nranges && at < hi; i++) {
+    uint64_t free_lo = i < s->nranges ? s->ranges[i].off : hi;
+    uint64_t live_end = free_lo < hi ? free_lo : hi;
+    if (live_end > at) {
+      if (PS_CU(ps_driver.cuMemcpy(d->frames[to].staging + (at - lo), d->frames[from].staging + (at - lo), live_end - at)))
+        return -1;
+      copied += live_end - at;
+    }
+    if (i < s->nranges && s->ranges[i].off + s->ranges[i].len > at)
+      at = s->ranges[i].off + s->ranges[i].len;
+  }
+  return (int64_t)copied;
+}
+
+CUresult psa_chunk_migrate(int ordinal, uint64_t chunk, enum psa_where to)
+{
+  if (ordinal < 0 || ordinal >= PSA_MAX_DEVICES || !psa_devices[ordinal].ready || (to != PSA_GPU && to != PSA_HOST))
+    return CUDA_ERROR_INVALID_VALUE;
+  struct device *d = &psa_devices[ordinal];
+  /* cuMemUnmap does not wait for kernels: the chunk must be quiescent before its remap. */
+  if (PS_CU(ps_driver.cuCtxSynchronize()))
+    return CUDA_ERROR_UNKNOWN;
+  pthread_mutex_lock(&d->lock);
+  CUresult r = CUDA_SUCCESS;
+  struct chunk *c = chunk < d->nchunks ? &d->chunks[chunk] : NULL;
+  if (!c || c->frame == PSA_NO_FRAME) {
+    r = CUDA_ERROR_INVALID_VALUE;
+    goto out;
+  }
+  uint32_t from = c->frame;
+  if (d->frames[from].where == to)
+    goto out;
+  uint32_t fresh = psa_frame_take(d, to);
+  if (fresh == PSA_NO_FRAME || c->frame != from) { /* make() may drop the lock */
+    if (fresh != PSA_NO_FRAME)
+      psa_frame_give(d, fresh);
+    r = fresh == PSA_NO_FRAME ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_INVALID_VALUE;
+    goto out;
+  }
+  struct span *s = c->span;
+  int64_t copied = copy_live(d, s, (chunk - s->first_chunk) * d->chunk_size, from, fresh);
+  CUdeviceptr va = d->base + chunk * d->chunk_size;
+  if (copied < 0 || PS_CU(ps_driver.cuMemUnmap(va, d->chunk_size))) {
+    psa_frame_give(d, fresh);
+    r = CUDA_ERROR_UNKNOWN;
+    goto out;
+  }
+  r = psa_map(d, va, d->frames[fresh].handle);
+  if (r) {
+    /* The old frame still holds the data: put it back so nothing is lost. */
+    psa_frame_give(d, fresh);
+    if (psa_map(d, va, d->frames[from].handle))
+      ps_error("chunk %llu of device %d could not be remapped: its data is unreachable",
+               (unsigned long long)chunk, ordinal);
+    goto out;
+  }
+  c->frame = fresh;
+  psa_frame_give(d, from);
+  psa_span_relist(d, s);
+  if (to == PSA_GPU) {
+    d->stats.migrations_to_gpu++;
+    d->stats.bytes_h2d += (uint64_t)copied;
+  } else {
+    d->stats.migrations_to_host++;
+    d->stats.bytes_d2h += (uint64_t)copied;
+  }
+out:
+  pthread_mutex_unlock(&d->lock);
+  return r;
+}
+
+void psa_atfork_prepare(void)
+{
+  for (int i = 0; i < PSA_MAX_DEVICES; i++)
+    if (psa_devices[i].ready)
+      pthread_mutex_lock(&psa_devices[i].lock);
+}
+
+void psa_atfork_parent(void)
+{
+  for (int i = PSA_MAX_DEVICES - 1; i >= 0; i--)
+    if (psa_devices[i].ready)
+      pthread_mutex_unlock(&psa_devices[i].lock);
+}
+
+void psa_atfork_child(void)
+{
+  psa_forked_child = true;
+  psa_atfork_parent();
+}

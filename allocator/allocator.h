@@ -1,0 +1,74 @@
+/* allocator/ — the chunk space.
+ *
+ * One virtual-address reservation per device, cut into chunks of PSSHIM_CHUNK_SIZE.
+ * A chunk holding live data is always mapped to exactly one frame (physical memory made
+ * with cuMemCreate): a GPU frame, or a pinned, device-accessible host frame. Tensors are
+ * sub-allocated inside spans (one chunk, or several consecutive chunks for a tensor larger
+ * than a chunk); frees are stream-ordered. Placement is decided here only as "GPU frames
+ * first, host frames beyond the budget" (static); moving chunks is psa_chunk_migrate. */
+#ifndef PSSHIM_ALLOCATOR_H
+#define PSSHIM_ALLOCATOR_H
+
+#include <cuda.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define PSA_MAX_DEVICES 16
+#define PSA_ALIGN 512
+/* The stream of a synchronous allocation (cudaMalloc, cuMemAlloc): usable by every stream
+ * at once, so it may only take bytes that no stream still has pending. */
+#define PSA_SYNC_STREAM ((CUstream)(uintptr_t)-1) /* cudaMalloc promises 256; 512 keeps every offset cache-line aligned */
+
+enum psa_where { PSA_UNMAPPED = 0, PSA_GPU, PSA_HOST };
+
+/* True when p lies in any device's chunk space: lock-free, the quick path of every door. */
+bool psa_owns(CUdeviceptr p);
+
+/* Allocates on device `ordinal` (its chunk space is set up on first use; the caller has
+ * made a context of that device current). CUDA_ERROR_OUT_OF_MEMORY when both budgets are
+ * exhausted (one log line says so). size 0 gives *p = 0 and success, like cudaMalloc. */
+CUresult psa_alloc(int ordinal, size_t size, CUstream stream, CUdeviceptr *p);
+/* Frees an allocation psa_alloc made. Stream-ordered: reusable at once by later work on
+ * `stream`, by other streams once `stream` has passed this point. sync=true (cudaFree,
+ * cuMemFree) waits for the device first, as those calls do. CUDA_ERROR_INVALID_VALUE for a
+ * pointer that is not the start of a live allocation. */
+CUresult psa_free(CUdeviceptr p, CUstream stream, bool sync);
+/* The memory psshim offers on `ordinal`: total = GPU budget + host budget; free = total
+ * minus the bytes of live allocations. */
+void psa_mem_info(int ordinal, size_t *free_bytes, size_t *total_bytes);
+
+/* Chunk geometry, for the tracer and tests. */
+uint64_t psa_chunk_size(void);
+/* Chunk index of p on its device (and the device), or -1 when psshim does not own p. */
+int64_t psa_chunk_of(CUdeviceptr p, int *ordinal);
+/* Where chunk `chunk` of device `ordinal` lives now. */
+enum psa_where psa_chunk_where(int ordinal, uint64_t chunk);
+
+/* Moves a chunk's data to a frame of the other kind and remaps its addresses there. The
+ * caller guarantees no kernel touches the chunk meanwhile (this waits for the device
+ * before unmapping). Only live ranges are copied. */
+CUresult psa_chunk_migrate(int ordinal, uint64_t chunk, enum psa_where to);
+
+struct psa_stats {
+  uint64_t allocs, frees, failed_allocs;
+  uint64_t live_bytes, peak_live_bytes;
+  uint64_t gpu_frames, peak_gpu_frames, host_frames, peak_host_frames; /* frames in use by chunks */
+  uint64_t gpu_frames_made, host_frames_made;
+  uint64_t mapped_chunk_bytes;          /* chunks mapped now, for the fill ratio */
+  uint64_t migrations_to_gpu, migrations_to_host, bytes_h2d, bytes_d2h;
+  uint64_t gpu_budget, host_budget, chunk_size;
+};
+/* Sums over devices. */
+void psa_stats_get(struct psa_stats *s);
+/* PSSHIM_STATS output: text (json=false) or one JSON object. */
+void psa_stats_write(FILE *f, bool json);
+
+/* Fork: the child of a process that used CUDA cannot use it (CUDA's rule); its doors
+ * pass through from then on. Registered by the shim's constructor. */
+void psa_atfork_prepare(void);
+void psa_atfork_parent(void);
+void psa_atfork_child(void);
+
+#endif

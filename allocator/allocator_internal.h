@@ -1,0 +1,117 @@
+/* Inside the allocator: devices, frames, chunks, spans. Private to allocator/. */
+#ifndef PSSHIM_ALLOCATOR_INTERNAL_H
+#define PSSHIM_ALLOCATOR_INTERNAL_H
+
+#include "allocator/allocator.h"
+#include "shim/shim.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#define PSA_NO_FRAME UINT32_MAX
+
+/* Physical memory of one chunk's size, with a fixed second mapping (staging) through
+ * which migration copies into it while the chunk's own addresses still point elsewhere. */
+struct frame {
+  CUmemGenericAllocationHandle handle;
+  CUdeviceptr staging;
+  enum psa_where where;
+  uint32_t next_free; /* free-list link */
+};
+
+/* A free range inside a span. pending: freed on `stream` and not yet known to be passed
+ * by it, so only work on that same stream may reuse it. */
+struct range {
+  uint64_t off, len;
+  bool pending;
+  CUstream stream;
+  CUevent event;
+};
+
+struct span {
+  uint64_t first_chunk, nchunks;
+  uint64_t live_bytes;
+  uint32_t live_allocs;
+  struct range *ranges; /* sorted by off, never adjacent-and-mergeable */
+  uint32_t nranges, cap;
+  enum psa_where where; /* GPU only when every chunk has a GPU frame */
+  struct span *prev, *next; /* in its device's list for `where` */
+};
+
+struct chunk {
+  uint32_t frame; /* PSA_NO_FRAME when unmapped */
+  struct span *span;
+};
+
+struct alloc_entry {
+  CUdeviceptr ptr; /* 0 empty, 1 tombstone */
+  uint64_t size;
+  struct span *span;
+};
+
+struct device {
+  pthread_mutex_t lock;
+  bool ready, failed;
+  int ordinal;
+  CUdevice dev;
+  CUcontext ctx;
+  uint64_t chunk_size;
+  CUdeviceptr base, staging_base;
+  uint64_t nchunks, max_frames;
+  struct chunk *chunks;
+  struct frame *frames;
+  uint32_t frames_made;
+  uint32_t free_gpu, free_host; /* free-frame lists */
+  uint64_t gpu_frame_limit, host_frame_limit, gpu_frames_held, host_frames_held;
+  bool host_numa; /* HOST_NUMA frames work; else plain HOST */
+  struct span *spans[3]; /* by where: GPU and HOST lists */
+  uint64_t chunk_hint;
+  struct alloc_entry *map;
+  uint64_t map_cap, map_used; /* used counts tombstones too */
+  CUevent *event_pool;
+  uint32_t nevents, event_cap;
+  /* host frame pool refill */
+  pthread_t pool_thread;
+  pthread_cond_t pool_wake;
+  bool pool_running;
+  uint32_t pool_target;
+  struct psa_stats stats;
+};
+
+extern struct device psa_devices[PSA_MAX_DEVICES];
+/* [lo, hi) of each ready device's reservation, read without the lock by psa_owns. */
+extern _Atomic uint64_t psa_space_lo[PSA_MAX_DEVICES], psa_space_hi[PSA_MAX_DEVICES];
+extern bool psa_forked_child;
+
+/* space.c */
+struct device *psa_device_get(int ordinal); /* sets the device up on first use; NULL on failure */
+bool psa_chunks_reserve(struct device *d, uint64_t n, uint64_t *first);
+void psa_chunks_unreserve(struct device *d, uint64_t first, uint64_t n);
+CUresult psa_map(struct device *d, CUdeviceptr va, CUmemGenericAllocationHandle h);
+
+/* frames.c */
+CUresult psa_frames_init(struct device *d);
+/* A free frame of `where`, made if under the limit; PSA_NO_FRAME when none can be had. */
+uint32_t psa_frame_take(struct device *d, enum psa_where where);
+void psa_frame_give(struct device *d, uint32_t f);
+void psa_pool_stop(struct device *d);
+
+/* spans.c */
+struct span *psa_span_new(struct device *d, uint64_t nchunks);
+void psa_span_delete(struct device *d, struct span *s);
+bool psa_span_carve(struct device *d, struct span *s, uint64_t size, CUstream stream, uint64_t *off);
+void psa_span_release(struct device *d, struct span *s, uint64_t off, uint64_t size, CUstream stream,
+                      CUevent ev);
+bool psa_span_idle(struct device *d, struct span *s);
+void psa_span_relist(struct device *d, struct span *s);
+CUevent psa_event_get(struct device *d);
+void psa_event_put(struct device *d, CUevent e);
+
+/* alloc_map.c */
+bool psa_map_put(struct device *d, CUdeviceptr p, uint64_t size, struct span *s);
+struct alloc_entry *psa_map_find(struct device *d, CUdeviceptr p);
+void psa_map_remove(struct device *d, struct alloc_entry *e);
+
+static inline uint64_t psa_round_up(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
+
+#endif

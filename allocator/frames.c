@@ -1,0 +1,176 @@
+/* Frames: physical memory of one chunk each, on the GPU or in pinned host memory, made
+ * with cuMemCreate and kept for reuse (making them is slow: ~30 us on the GPU, ~20 ms per
+ * 64 MiB on the host). Host frames are made ahead by a pool thread once GPU frames run
+ * low, so spilling past the GPU budget does not stall the allocating thread. */
+#include "allocator/allocator_internal.h"
+
+static uint32_t *free_list(struct device *d, enum psa_where w) { return w == PSA_GPU ? &d->free_gpu : &d->free_host; }
+
+static uint64_t *frames_made(struct device *d, enum psa_where w)
+{
+  return w == PSA_GPU ? &d->stats.gpu_frames_made : &d->stats.host_frames_made;
+}
+
+static uint64_t *frame_limit(struct device *d, enum psa_where w)
+{
+  return w == PSA_GPU ? &d->gpu_frame_limit : &d->host_frame_limit;
+}
+
+static CUresult create(struct device *d, enum psa_where where, struct frame *f, CUdeviceptr staging)
+{
+  CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED};
+  if (where == PSA_GPU)
+    prop.location = (CUmemLocation){.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = d->ordinal};
+  else
+    prop.location = (CUmemLocation){.type = d->host_numa ? CU_MEM_LOCATION_TYPE_HOST_NUMA : CU_MEM_LOCATION_TYPE_HOST,
+                                    .id = 0};
+  CUresult r = ps_driver.cuMemCreate(&f->handle, d->chunk_size, &prop, 0);
+  if (r == CUDA_ERROR_OUT_OF_MEMORY)
+    return r; /* the caller says which budget ran out */
+  if (PS_CU(r))
+    return r;
+  r = psa_map(d, staging, f->handle);
+  if (r) {
+    PS_CU(ps_driver.cuMemRelease(f->handle));
+    return r;
+  }
+  f->staging = staging;
+  f->where = where;
+  return CUDA_SUCCESS;
+}
+
+/* Called with d->lock held; drops it while the driver works so other threads go on. The
+ * frame's index is claimed first so the staging address is fixed. */
+static uint32_t make(struct device *d, enum psa_where where)
+{
+  uint64_t *made = frames_made(d, where);
+  if (*made >= *frame_limit(d, where) || d->frames_made > d->max_frames)
+    return PSA_NO_FRAME;
+  uint32_t id = d->frames_made++;
+  (*made)++;
+  struct frame f = {0};
+  pthread_mutex_unlock(&d->lock);
+  CUresult r = create(d, where, &f, d->staging_base + (uint64_t)id * d->chunk_size);
+  pthread_mutex_lock(&d->lock);
+  if (r) {
+    /* The device or host has less than the budget promised (memory used outside psshim):
+     * the budget shrinks to what was made, said once. */
+    (*made)--;
+    *frame_limit(d, where) = *made;
+    ps_log(PS_LOG_WARN, "%s frame %u could not be made (%s): %s budget now %llu MiB", where == PSA_GPU ? "GPU" : "host",
+           id, ps_cu_error_name(r), where == PSA_GPU ? "GPU" : "host",
+           (unsigned long long)((*made * d->chunk_size) >> 20));
+    return PSA_NO_FRAME;
+  }
+  d->frames[id] = f;
+  d->frames[id].next_free = PSA_NO_FRAME;
+  return id;
+}
+
+static void push_free(struct device *d, uint32_t id)
+{
+  uint32_t *head = free_list(d, d->frames[id].where);
+  d->frames[id].next_free = *head;
+  *head = id;
+}
+
+static uint32_t count_free(struct device *d, enum psa_where w)
+{
+  uint32_t n = 0;
+  for (uint32_t id = *free_list(d, w); id != PSA_NO_FRAME; id = d->frames[id].next_free)
+    n++;
+  return n;
+}
+
+static void *pool_main(void *arg)
+{
+  struct device *d = arg;
+  if (PS_CU(ps_driver.cuCtxSetCurrent(d->ctx)))
+    return NULL;
+  pthread_mutex_lock(&d->lock);
+  while (d->pool_running) {
+    bool wanted = d->gpu_frames_held * 4 >= d->gpu_frame_limit * 3 && count_free(d, PSA_HOST) < d->pool_target &&
+                  d->stats.host_frames_made < d->host_frame_limit;
+    if (!wanted) {
+      pthread_cond_wait(&d->pool_wake, &d->lock);
+      continue;
+    }
+    uint32_t id = make(d, PSA_HOST);
+    if (id == PSA_NO_FRAME)
+      break;
+    push_free(d, id);
+  }
+  pthread_mutex_unlock(&d->lock);
+  return NULL;
+}
+
+CUresult psa_frames_init(struct device *d)
+{
+  d->free_gpu = d->free_host = PSA_NO_FRAME;
+  /* HOST_NUMA frames are what the driver documents for device-accessible host memory;
+   * older drivers know only HOST. Probe once. */
+  CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                              .location = {.type = CU_MEM_LOCATION_TYPE_HOST_NUMA, .id = 0}};
+  size_t gran = 0;
+  d->host_numa = ps_driver.cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS;
+  d->pool_target = 4;
+  pthread_cond_init(&d->pool_wake, NULL);
+  if (d->host_frame_limit == 0)
+    return CUDA_SUCCESS;
+  d->pool_running = true;
+  if (pthread_create(&d->pool_thread, NULL, pool_main, d)) {
+    d->pool_running = false;
+    ps_log(PS_LOG_WARN, "no host frame pool thread: host frames are made on demand");
+  }
+  return CUDA_SUCCESS;
+}
+
+void psa_pool_stop(struct device *d)
+{
+  pthread_mutex_lock(&d->lock);
+  bool was = d->pool_running;
+  d->pool_running = false;
+  pthread_cond_broadcast(&d->pool_wake);
+  pthread_mutex_unlock(&d->lock);
+  if (was)
+    pthread_join(d->pool_thread, NULL);
+}
+
+static void count_held(struct device *d, enum psa_where w, int delta)
+{
+  if (w == PSA_GPU) {
+    d->gpu_frames_held += (uint64_t)(int64_t)delta;
+    d->stats.gpu_frames = d->gpu_frames_held;
+    if (d->gpu_frames_held > d->stats.peak_gpu_frames)
+      d->stats.peak_gpu_frames = d->gpu_frames_held;
+  } else {
+    d->host_frames_held += (uint64_t)(int64_t)delta;
+    d->stats.host_frames = d->host_frames_held;
+    if (d->host_frames_held > d->stats.peak_host_frames)
+      d->stats.peak_host_frames = d->host_frames_held;
+  }
+}
+
+uint32_t psa_frame_take(struct device *d, enum psa_where where)
+{
+  uint32_t *head = free_list(d, where);
+  uint32_t id = *head;
+  if (id != PSA_NO_FRAME)
+    *head = d->frames[id].next_free;
+  else
+    id = make(d, where);
+  if (id == PSA_NO_FRAME)
+    return id;
+  count_held(d, where, +1);
+  if (where == PSA_GPU && d->pool_running && d->gpu_frames_held * 4 >= d->gpu_frame_limit * 3)
+    pthread_cond_signal(&d->pool_wake);
+  if (where == PSA_HOST && d->pool_running)
+    pthread_cond_signal(&d->pool_wake);
+  return id;
+}
+
+void psa_frame_give(struct device *d, uint32_t id)
+{
+  count_held(d, d->frames[id].where, -1);
+  push_free(d, id);
+}

@@ -1,0 +1,211 @@
+/* Per-device set-up: budgets, the address reservation, chunk slots, mapping. */
+#include "allocator/allocator_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct device psa_devices[PSA_MAX_DEVICES];
+_Atomic uint64_t psa_space_lo[PSA_MAX_DEVICES], psa_space_hi[PSA_MAX_DEVICES];
+bool psa_forked_child;
+static pthread_mutex_t setup_lock = PTHREAD_MUTEX_INITIALIZER;
+
+#define GiB (1024ull * 1024 * 1024)
+
+/* A configuration the device cannot honour stops the process, as a bad value does at
+ * start: running on with a budget other than the one asked for would mislead. */
+static void config_fatal(const char *msg, const char *var, uint64_t asked, uint64_t limit)
+{
+  ps_error("%s=%llu bytes %s (%llu bytes): set a smaller value", var, (unsigned long long)asked, msg,
+           (unsigned long long)limit);
+  exit(1);
+}
+
+static uint64_t physical_ram(void)
+{
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+}
+
+static bool budgets(struct device *d)
+{
+  size_t total = 0;
+  if (PS_CU(ps_driver.cuDeviceTotalMem_v2(&total, d->dev)))
+    return false;
+  uint64_t chunk = d->chunk_size, gpu;
+  if (ps_options.gpu_budget) {
+    if (ps_options.gpu_budget > total)
+      config_fatal("is above the device's memory", "PSSHIM_GPU_BUDGET", ps_options.gpu_budget, total);
+    gpu = ps_options.gpu_budget;
+  } else if (ps_options.gpu_budget_frac > 0) {
+    gpu = (uint64_t)((double)total * ps_options.gpu_budget_frac);
+  } else {
+    uint64_t reserve = ps_options.gpu_reserve ? ps_options.gpu_reserve : (total / 4 < 2 * GiB ? total / 4 : 2 * GiB);
+    if (reserve >= total)
+      config_fatal("leaves nothing of the device's memory", "PSSHIM_GPU_RESERVE", reserve, total);
+    gpu = total - reserve;
+  }
+  uint64_t ram = physical_ram(), host;
+  if (ps_options.host_budget) {
+    if (ram && ps_options.host_budget > ram)
+      config_fatal("is above physical memory", "PSSHIM_HOST_BUDGET", ps_options.host_budget, ram);
+    host = ps_options.host_budget;
+  } else {
+    host = (uint64_t)((double)ram * (ps_options.host_budget_frac > 0 ? ps_options.host_budget_frac : 0.5));
+  }
+  d->gpu_frame_limit = gpu / chunk;
+  d->host_frame_limit = host / chunk;
+  d->stats.gpu_budget = d->gpu_frame_limit * chunk;
+  d->stats.host_budget = d->host_frame_limit * chunk;
+  d->stats.chunk_size = chunk;
+  ps_log(PS_LOG_INFO, "device %d: GPU budget %llu MiB, host budget %llu MiB, chunk %llu MiB", d->ordinal,
+         (unsigned long long)(d->stats.gpu_budget >> 20), (unsigned long long)(d->stats.host_budget >> 20),
+         (unsigned long long)(chunk >> 20));
+  return true;
+}
+
+static bool granularity_ok(struct device *d)
+{
+  CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                              .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = d->ordinal}};
+  size_t gran = 0;
+  if (PS_CU(ps_driver.cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)))
+    return false;
+  if (gran == 0 || d->chunk_size % gran) {
+    ps_error("PSSHIM_CHUNK_SIZE=%llu is not a multiple of device %d's granularity (%zu bytes)",
+             (unsigned long long)d->chunk_size, d->ordinal, gran);
+    exit(1);
+  }
+  return true;
+}
+
+static bool setup(struct device *d, int ordinal)
+{
+  d->ordinal = ordinal;
+  d->chunk_size = ps_options.chunk_size;
+  if (PS_CU(ps_driver.cuDeviceGet(&d->dev, ordinal)) || PS_CU(ps_driver.cuDevicePrimaryCtxRetain(&d->ctx, d->dev)))
+    return false;
+  if (!granularity_ok(d) || !budgets(d))
+    return false;
+  d->max_frames = d->gpu_frame_limit + d->host_frame_limit;
+  /* Twice the frames' worth of addresses: spans of several chunks fragment the space. */
+  d->nchunks = 2 * d->max_frames + 16;
+  uint64_t bytes = d->nchunks * d->chunk_size;
+  if (PS_CU(ps_driver.cuMemAddressReserve(&d->base, bytes, d->chunk_size, 0, 0)))
+    return false;
+  if (PS_CU(ps_driver.cuMemAddressReserve(&d->staging_base, (d->max_frames + 1) * d->chunk_size, d->chunk_size, 0, 0))) {
+    ps_driver.cuMemAddressFree(d->base, bytes);
+    return false;
+  }
+  d->chunks = calloc(d->nchunks, sizeof *d->chunks);
+  d->frames = calloc(d->max_frames + 1, sizeof *d->frames);
+  if (!d->chunks || !d->frames) {
+    ps_error("out of host memory for chunk tables");
+    return false;
+  }
+  for (uint64_t i = 0; i < d->nchunks; i++)
+    d->chunks[i].frame = PSA_NO_FRAME;
+  if (PS_CU(psa_frames_init(d)))
+    return false;
+  atomic_store(&psa_space_lo[ordinal], d->base);
+  atomic_store(&psa_space_hi[ordinal], d->base + bytes);
+  return true;
+}
+
+struct device *psa_device_get(int ordinal)
+{
+  if (ordinal < 0 || ordinal >= PSA_MAX_DEVICES)
+    return NULL;
+  struct device *d = &psa_devices[ordinal];
+  if (__atomic_load_n(&d->ready, __ATOMIC_ACQUIRE))
+    return d;
+  pthread_mutex_lock(&setup_lock);
+  if (!d->ready && !d->failed) {
+    pthread_mutex_init(&d->lock, NULL);
+    if (setup(d, ordinal))
+      __atomic_store_n(&d->ready, true, __ATOMIC_RELEASE);
+    else
+      d->failed = true;
+  }
+  pthread_mutex_unlock(&setup_lock);
+  return d->ready ? d : NULL;
+}
+
+bool psa_owns(CUdeviceptr p)
+{
+  for (int i = 0; i < PSA_MAX_DEVICES; i++) {
+    uint64_t hi = atomic_load_explicit(&psa_space_hi[i], memory_order_relaxed);
+    if (!hi)
+      continue;
+    if (p >= atomic_load_explicit(&psa_space_lo[i], memory_order_relaxed) && p < hi)
+      return true;
+  }
+  return false;
+}
+
+int64_t psa_chunk_of(CUdeviceptr p, int *ordinal)
+{
+  for (int i = 0; i < PSA_MAX_DEVICES; i++) {
+    uint64_t lo = atomic_load_explicit(&psa_space_lo[i], memory_order_relaxed);
+    uint64_t hi = atomic_load_explicit(&psa_space_hi[i], memory_order_relaxed);
+    if (hi && p >= lo && p < hi) {
+      if (ordinal)
+        *ordinal = i;
+      return (int64_t)((p - lo) / psa_devices[i].chunk_size);
+    }
+  }
+  return -1;
+}
+
+uint64_t psa_chunk_size(void) { return ps_options.chunk_size; }
+
+/* First fit over chunk slots, starting at a hint so the common case is short. */
+bool psa_chunks_reserve(struct device *d, uint64_t n, uint64_t *first)
+{
+  for (int pass = 0; pass < 2; pass++) {
+    uint64_t start = pass ? 0 : d->chunk_hint, run = 0;
+    for (uint64_t i = start; i < d->nchunks; i++) {
+      run = d->chunks[i].span ? 0 : run + 1;
+      if (run == n) {
+        *first = i + 1 - n;
+        d->chunk_hint = i + 1 < d->nchunks ? i + 1 : 0;
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+void psa_chunks_unreserve(struct device *d, uint64_t first, uint64_t n)
+{
+  for (uint64_t i = first; i < first + n; i++)
+    d->chunks[i].span = NULL;
+  if (first < d->chunk_hint)
+    d->chunk_hint = first;
+}
+
+CUresult psa_map(struct device *d, CUdeviceptr va, CUmemGenericAllocationHandle h)
+{
+  CUresult r = PS_CU(ps_driver.cuMemMap(va, d->chunk_size, 0, h, 0));
+  if (r)
+    return r;
+  CUmemAccessDesc access = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = d->ordinal},
+                            .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  r = PS_CU(ps_driver.cuMemSetAccess(va, d->chunk_size, &access, 1));
+  if (r)
+    PS_CU(ps_driver.cuMemUnmap(va, d->chunk_size));
+  return r;
+}
+
+enum psa_where psa_chunk_where(int ordinal, uint64_t chunk)
+{
+  if (ordinal < 0 || ordinal >= PSA_MAX_DEVICES || !psa_devices[ordinal].ready)
+    return PSA_UNMAPPED;
+  struct device *d = &psa_devices[ordinal];
+  enum psa_where w = PSA_UNMAPPED;
+  pthread_mutex_lock(&d->lock);
+  if (chunk < d->nchunks && d->chunks[chunk].frame != PSA_NO_FRAME)
+    w = d->frames[d->chunks[chunk].frame].where;
+  pthread_mutex_unlock(&d->lock);
+  return w;
+}

@@ -1,0 +1,292 @@
+/* Spans: one chunk, or several consecutive chunks for a tensor larger than a chunk, with
+ * tensors sub-allocated inside by first fit over sorted free ranges. A range freed on a
+ * stream stays "pending" on that stream (reusable by that stream at once, since later work
+ * there runs after the free) until an event shows the stream has passed the free. */
+#include "allocator/allocator_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+CUevent psa_event_get(struct device *d)
+{
+  if (d->nevents)
+    return d->event_pool[--d->nevents];
+  CUevent e = NULL;
+  if (PS_CU(ps_driver.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING)))
+    return NULL;
+  return e;
+}
+
+void psa_event_put(struct device *d, CUevent e)
+{
+  if (!e)
+    return;
+  if (d->nevents == d->event_cap) {
+    uint32_t cap = d->event_cap ? d->event_cap * 2 : 64;
+    CUevent *p = realloc(d->event_pool, cap * sizeof *p);
+    if (!p) {
+      PS_CU(ps_driver.cuEventDestroy_v2(e));
+      return;
+    }
+    d->event_pool = p;
+    d->event_cap = cap;
+  }
+  d->event_pool[d->nevents++] = e;
+}
+
+static void list_insert(struct device *d, struct span *s)
+{
+  struct span **head = &d->spans[s->where];
+  s->prev = NULL;
+  s->next = *head;
+  if (*head)
+    (*head)->prev = s;
+  *head = s;
+}
+
+static void list_remove(struct device *d, struct span *s)
+{
+  if (s->prev)
+    s->prev->next = s->next;
+  else
+    d->spans[s->where] = s->next;
+  if (s->next)
+    s->next->prev = s->prev;
+  s->prev = s->next = NULL;
+}
+
+static enum psa_where span_where(struct device *d, struct span *s)
+{
+  for (uint64_t i = 0; i < s->nchunks; i++)
+    if (d->frames[d->chunks[s->first_chunk + i].frame].where != PSA_GPU)
+      return PSA_HOST;
+  return PSA_GPU;
+}
+
+void psa_span_relist(struct device *d, struct span *s)
+{
+  list_remove(d, s);
+  s->where = span_where(d, s);
+  list_insert(d, s);
+}
+
+static bool mergeable(const struct range *a, const struct range *b)
+{
+  if (a->off + a->len != b->off || a->pending != b->pending)
+    return false;
+  return !a->pending || a->stream == b->stream;
+}
+
+/* Merges b into a (a precedes b). Two pending ranges of one stream keep the later free's
+ * event: that stream passing it means it passed the earlier one too. */
+static void merge_into(struct device *d, struct range *a, struct range *b, bool b_is_later)
+{
+  a->len += b->len;
+  if (a->pending) {
+    if (b_is_later) {
+      psa_event_put(d, a->event);
+      a->event = b->event;
+    } else {
+      psa_event_put(d, b->event);
+    }
+  }
+}
+
+static void remove_at(struct span *s, uint32_t i)
+{
+  memmove(&s->ranges[i], &s->ranges[i + 1], (s->nranges - i - 1) * sizeof *s->ranges);
+  s->nranges--;
+}
+
+/* Merges range i with its neighbours where allowed; returns the merged range's index. */
+static uint32_t normalize(struct device *d, struct span *s, uint32_t i, bool i_is_newest)
+{
+  if (i + 1 < s->nranges && mergeable(&s->ranges[i], &s->ranges[i + 1])) {
+    merge_into(d, &s->ranges[i], &s->ranges[i + 1], !i_is_newest);
+    remove_at(s, i + 1);
+  }
+  if (i > 0 && mergeable(&s->ranges[i - 1], &s->ranges[i])) {
+    merge_into(d, &s->ranges[i - 1], &s->ranges[i], i_is_newest);
+    remove_at(s, i);
+    i--;
+  }
+  return i;
+}
+
+/* A pending range whose stream has passed its free becomes free for every stream. */
+static uint32_t settle(struct device *d, struct span *s, uint32_t i)
+{
+  struct range *r = &s->ranges[i];
+  if (!r->pending)
+    return i;
+  CUresult q = ps_driver.cuEventQuery(r->event);
+  if (q == CUDA_ERROR_NOT_READY)
+    return i;
+  if (q != CUDA_SUCCESS) {
+    /* A broken event cannot prove the stream passed the free: wait for the whole device. */
+    PS_CU(q);
+    PS_CU(ps_driver.cuCtxSynchronize());
+  }
+  psa_event_put(d, r->event);
+  r->event = NULL;
+  r->pending = false;
+  return normalize(d, s, i, false);
+}
+
+static bool grow(struct span *s)
+{
+  if (s->nranges < s->cap)
+    return true;
+  uint32_t cap = s->cap ? s->cap * 2 : 8;
+  struct range *p = realloc(s->ranges, cap * sizeof *p);
+  if (!p)
+    return false;
+  s->ranges = p;
+  s->cap = cap;
+  return true;
+}
+
+bool psa_span_carve(struct device *d, struct span *s, uint64_t size, CUstream stream, uint64_t *off)
+{
+  for (uint32_t i = 0; i < s->nranges; i++) {
+    if (s->ranges[i].pending && s->ranges[i].stream != stream)
+      i = settle(d, s, i);
+    struct range *r = &s->ranges[i];
+    if (r->len < size || (r->pending && r->stream != stream))
+      continue;
+    *off = r->off;
+    r->off += size;
+    r->len -= size;
+    if (r->len == 0) {
+      psa_event_put(d, r->event);
+      remove_at(s, i);
+    }
+    return true;
+  }
+  return false;
+}
+
+void psa_span_release(struct device *d, struct span *s, uint64_t off, uint64_t size, CUstream stream, CUevent ev)
+{
+  if (!grow(s)) {
+    /* Out of host memory for the range table: keep the bytes unusable rather than risk
+     * reuse before the stream passed the free. Only the capacity is lost. */
+    ps_error("out of host memory: %llu bytes of chunk space leaked", (unsigned long long)size);
+    psa_event_put(d, ev);
+    return;
+  }
+  uint32_t lo = 0, hi = s->nranges;
+  while (lo < hi) {
+    uint32_t mid = (lo + hi) / 2;
+    if (s->ranges[mid].off < off)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  memmove(&s->ranges[lo + 1], &s->ranges[lo], (s->nranges - lo) * sizeof *s->ranges);
+  s->ranges[lo] = (struct range){.off = off, .len = size, .pending = ev != NULL, .stream = stream, .event = ev};
+  s->nranges++;
+  normalize(d, s, lo, true);
+}
+
+bool psa_span_idle(struct device *d, struct span *s)
+{
+  if (s->live_allocs)
+    return false;
+  for (uint32_t i = 0; i < s->nranges; i++)
+    i = settle(d, s, i);
+  return s->nranges == 1 && !s->ranges[0].pending;
+}
+
+void psa_span_delete(struct device *d, struct span *s)
+{
+  list_remove(d, s);
+  for (uint64_t i = 0; i < s->nchunks; i++) {
+    struct chunk *c = &d->chunks[s->first_chunk + i];
+    if (c->frame == PSA_NO_FRAME)
+      continue;
+    PS_CU(ps_driver.cuMemUnmap(d->base + (s->first_chunk + i) * d->chunk_size, d->chunk_size));
+    psa_frame_give(d, c->frame);
+    c->frame = PSA_NO_FRAME;
+    d->stats.mapped_chunk_bytes -= d->chunk_size;
+  }
+  psa_chunks_unreserve(d, s->first_chunk, s->nchunks);
+  for (uint32_t i = 0; i < s->nranges; i++)
+    psa_event_put(d, s->ranges[i].event);
+  free(s->ranges);
+  free(s);
+}
+
+static bool span_has(struct device *d, struct span *s, enum psa_where w)
+{
+  for (uint64_t i = 0; i < s->nchunks; i++)
+    if (d->frames[d->chunks[s->first_chunk + i].frame].where == w)
+      return true;
+  return false;
+}
+
+/* Takes back the frames of one idle span that holds a frame of kind `want`. */
+static bool reclaim_one(struct device *d, enum psa_where want)
+{
+  static const enum psa_where lists[] = {PSA_GPU, PSA_HOST};
+  for (int k = 0; k < 2; k++)
+    for (struct span *s = d->spans[lists[k]]; s; s = s->next)
+      if (span_has(d, s, want) && psa_span_idle(d, s)) {
+        psa_span_delete(d, s);
+        return true;
+      }
+  return false;
+}
+
+/* GPU frames first (free, made, or taken back from idle spans), then host frames. */
+static uint32_t frame_for_chunk(struct device *d)
+{
+  static const enum psa_where order[] = {PSA_GPU, PSA_HOST};
+  for (int k = 0; k < 2; k++) {
+    for (;;) {
+      uint32_t f = psa_frame_take(d, order[k]);
+      if (f != PSA_NO_FRAME)
+        return f;
+      if (!reclaim_one(d, order[k]))
+        break;
+    }
+  }
+  return PSA_NO_FRAME;
+}
+
+struct span *psa_span_new(struct device *d, uint64_t nchunks)
+{
+  uint64_t first;
+  while (!psa_chunks_reserve(d, nchunks, &first))
+    if (!reclaim_one(d, PSA_HOST) && !reclaim_one(d, PSA_GPU))
+      return NULL;
+  struct span *s = calloc(1, sizeof *s);
+  if (!s || !grow(s)) {
+    free(s);
+    return NULL;
+  }
+  s->first_chunk = first;
+  s->nchunks = nchunks;
+  for (uint64_t i = 0; i < nchunks; i++)
+    d->chunks[first + i].span = s;
+  for (uint64_t i = 0; i < nchunks; i++) {
+    uint32_t f = frame_for_chunk(d);
+    CUresult r = f == PSA_NO_FRAME ? CUDA_ERROR_OUT_OF_MEMORY : psa_map(d, d->base + (first + i) * d->chunk_size, d->frames[f].handle);
+    if (r) {
+      if (f != PSA_NO_FRAME)
+        psa_frame_give(d, f);
+      s->where = PSA_HOST;
+      s->nranges = 0;
+      list_insert(d, s); /* so delete can unlink it */
+      psa_span_delete(d, s);
+      return NULL;
+    }
+    d->chunks[first + i].frame = f;
+    d->stats.mapped_chunk_bytes += d->chunk_size;
+  }
+  s->ranges[0] = (struct range){.off = 0, .len = nchunks * d->chunk_size};
+  s->nranges = 1;
+  s->where = span_where(d, s);
+  list_insert(d, s);
+  return s;
+}

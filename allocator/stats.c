@@ -1,0 +1,63 @@
+/* PSSHIM_STATS: what the allocator did, summed over devices, as text or JSON. */
+#include "allocator/allocator_internal.h"
+
+#include <string.h>
+
+void psa_stats_get(struct psa_stats *out)
+{
+  memset(out, 0, sizeof *out);
+  for (int i = 0; i < PSA_MAX_DEVICES; i++) {
+    struct device *d = &psa_devices[i];
+    if (!d->ready)
+      continue;
+    pthread_mutex_lock(&d->lock);
+    const uint64_t *src = (const uint64_t *)&d->stats;
+    uint64_t *dst = (uint64_t *)out;
+    /* Every field is a uint64_t count or size: sum them all, then fix the one that is
+     * a setting rather than an amount. */
+    for (size_t k = 0; k < sizeof *out / sizeof(uint64_t); k++)
+      dst[k] += src[k];
+    out->chunk_size = d->stats.chunk_size;
+    pthread_mutex_unlock(&d->lock);
+  }
+}
+
+static double mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }
+
+void psa_stats_write(FILE *f, bool json)
+{
+  struct psa_stats s;
+  psa_stats_get(&s);
+  double fill = s.mapped_chunk_bytes ? 100.0 * (double)s.live_bytes / (double)s.mapped_chunk_bytes : 0;
+  if (json) {
+    fprintf(f,
+            "{\"allocs\": %llu, \"frees\": %llu, \"failed_allocs\": %llu, \"live_bytes\": %llu, "
+            "\"peak_live_bytes\": %llu, \"chunk_size\": %llu, \"gpu_budget\": %llu, \"host_budget\": %llu, "
+            "\"gpu_frames\": %llu, \"peak_gpu_frames\": %llu, \"peak_gpu_bytes\": %llu, "
+            "\"host_frames\": %llu, \"peak_host_frames\": %llu, \"peak_host_bytes\": %llu, "
+            "\"gpu_frames_made\": %llu, \"host_frames_made\": %llu, \"chunk_fill_pct\": %.1f, "
+            "\"migrations_to_gpu\": %llu, \"migrations_to_host\": %llu, \"bytes_h2d\": %llu, \"bytes_d2h\": %llu}\n",
+            (unsigned long long)s.allocs, (unsigned long long)s.frees, (unsigned long long)s.failed_allocs,
+            (unsigned long long)s.live_bytes, (unsigned long long)s.peak_live_bytes,
+            (unsigned long long)s.chunk_size, (unsigned long long)s.gpu_budget, (unsigned long long)s.host_budget,
+            (unsigned long long)s.gpu_frames, (unsigned long long)s.peak_gpu_frames,
+            (unsigned long long)(s.peak_gpu_frames * s.chunk_size), (unsigned long long)s.host_frames,
+            (unsigned long long)s.peak_host_frames, (unsigned long long)(s.peak_host_frames * s.chunk_size),
+            (unsigned long long)s.gpu_frames_made, (unsigned long long)s.host_frames_made, fill,
+            (unsigned long long)s.migrations_to_gpu, (unsigned long long)s.migrations_to_host,
+            (unsigned long long)s.bytes_h2d, (unsigned long long)s.bytes_d2h);
+    return;
+  }
+  fprintf(f, "psshim: allocations %llu, frees %llu, failed %llu; live %.1f MiB, peak %.1f MiB\n",
+          (unsigned long long)s.allocs, (unsigned long long)s.frees, (unsigned long long)s.failed_allocs,
+          mib(s.live_bytes), mib(s.peak_live_bytes));
+  fprintf(f, "psshim: GPU frames: peak %llu (%.1f MiB) of budget %.1f MiB, made %llu\n",
+          (unsigned long long)s.peak_gpu_frames, mib(s.peak_gpu_frames * s.chunk_size), mib(s.gpu_budget),
+          (unsigned long long)s.gpu_frames_made);
+  fprintf(f, "psshim: host frames: peak %llu (%.1f MiB) of budget %.1f MiB, made %llu\n",
+          (unsigned long long)s.peak_host_frames, mib(s.peak_host_frames * s.chunk_size), mib(s.host_budget),
+          (unsigned long long)s.host_frames_made);
+  fprintf(f, "psshim: chunk %.0f MiB, fill %.1f%%; migrations to GPU %llu (%.1f MiB), to host %llu (%.1f MiB)\n",
+          mib(s.chunk_size), fill, (unsigned long long)s.migrations_to_gpu, mib(s.bytes_h2d),
+          (unsigned long long)s.migrations_to_host, mib(s.bytes_d2h));
+}

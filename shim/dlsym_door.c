@@ -1,0 +1,140 @@
+/* The driver door for programs that never link libcuda: dlsym and cuGetProcAddress.
+ *
+ * dlsym: exact names only (a prefix match would also catch cudnn* and recurse), and only
+ * when the real lookup finds the symbol, so "not found" stays "not found". RTLD_NEXT is
+ * resolved from the caller's place in the link map, since glibc would otherwise search
+ * after psshim instead of after the caller.
+ * cuGetProcAddress: the real driver resolves the name for the requested version and
+ * flags; psshim swaps in its door only when the address returned is one it replaces,
+ * so version and per-thread-stream choices are the driver's. */
+#include "allocator/allocator.h"
+#include "shim/shim_internal.h"
+
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <link.h>
+#include <pthread.h>
+#include <string.h>
+
+#undef cuGetProcAddress /* cuda.h maps it to _v2; psshim exports both */
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
+cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t hStream);
+cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t hStream);
+cudaError_t cudaMallocFromPoolAsync_ptsz(void **ptr, size_t size, cudaMemPool_t memPool, cudaStream_t stream);
+
+struct door {
+  const char *name;
+  void *door;
+  bool driver; /* a libcuda entry point (cuGetProcAddress can hand it out) */
+};
+
+static const struct door doors[] = {
+    {"cuMemAlloc_v2", (void *)cuMemAlloc_v2, true},
+    {"cuMemFree_v2", (void *)cuMemFree_v2, true},
+    {"cuMemAllocAsync", (void *)cuMemAllocAsync, true},
+    {"cuMemFreeAsync", (void *)cuMemFreeAsync, true},
+    {"cuMemAllocFromPoolAsync", (void *)cuMemAllocFromPoolAsync, true},
+    {"cuMemAllocAsync_ptsz", (void *)cuMemAllocAsync_ptsz, true},
+    {"cuMemFreeAsync_ptsz", (void *)cuMemFreeAsync_ptsz, true},
+    {"cuMemAllocFromPoolAsync_ptsz", (void *)cuMemAllocFromPoolAsync_ptsz, true},
+    {"cuMemGetInfo_v2", (void *)cuMemGetInfo_v2, true},
+    {"cuGetProcAddress", (void *)cuGetProcAddress, true},
+    {"cuGetProcAddress_v2", (void *)cuGetProcAddress_v2, true},
+    {"cudaMalloc", (void *)cudaMalloc, false},
+    {"cudaFree", (void *)cudaFree, false},
+    {"cudaMallocAsync", (void *)cudaMallocAsync, false},
+    {"cudaFreeAsync", (void *)cudaFreeAsync, false},
+    {"cudaMallocFromPoolAsync", (void *)cudaMallocFromPoolAsync, false},
+    {"cudaMallocAsync_ptsz", (void *)cudaMallocAsync_ptsz, false},
+    {"cudaFreeAsync_ptsz", (void *)cudaFreeAsync_ptsz, false},
+    {"cudaMallocFromPoolAsync_ptsz", (void *)cudaMallocFromPoolAsync_ptsz, false},
+    {"cudaMemGetInfo", (void *)cudaMemGetInfo, false},
+};
+#define NDOORS (sizeof doors / sizeof doors[0])
+
+static const struct door *door_named(const char *name)
+{
+  /* Cheap reject first: every served name starts with "cu". */
+  if (name[0] != 'c' || name[1] != 'u')
+    return NULL;
+  for (size_t i = 0; i < NDOORS; i++)
+    if (strcmp(doors[i].name, name) == 0)
+      return &doors[i];
+  return NULL;
+}
+
+/* The real driver's address of each driver door, resolved once the driver is loaded. */
+static void *driver_real[NDOORS];
+static pthread_once_t driver_real_once = PTHREAD_ONCE_INIT;
+
+static void resolve_driver_real(void)
+{
+  for (size_t i = 0; i < NDOORS; i++)
+    if (doors[i].driver)
+      driver_real[i] = ps_driver_symbol(doors[i].name);
+}
+
+static void *door_replacing(void *real)
+{
+  pthread_once(&driver_real_once, resolve_driver_real);
+  for (size_t i = 0; i < NDOORS; i++)
+    if (real && driver_real[i] == real)
+      return doors[i].door;
+  return NULL;
+}
+
+/* RTLD_NEXT from the caller's place: the objects after the caller in load order. */
+static void *next_after(const void *caller, const char *name)
+{
+  Dl_info info;
+  struct link_map *self = NULL;
+  if (!dladdr1(caller, &info, (void **)&self, RTLD_DL_LINKMAP) || !self)
+    return NULL;
+  for (struct link_map *l = self->l_next; l; l = l->l_next) {
+    void *f = ps_real_dlsym(l, name);
+    if (f)
+      return f;
+  }
+  return NULL;
+}
+
+PS_DEFAULT_VISIBILITY void *dlsym(void *handle, const char *name)
+{
+  void *real = handle == RTLD_NEXT ? next_after(__builtin_return_address(0), name) : ps_real_dlsym(handle, name);
+  if (!real || !name)
+    return real;
+  const struct door *d = door_named(name);
+  if (!d || real == d->door)
+    return real;
+  /* Route to psshim's door; the door itself passes what it does not serve to the real
+   * function it finds on its own (the driver table or cudart). */
+  return d->door;
+}
+
+static CUresult wrap_proc(CUresult r, void **pfn)
+{
+  if (r == CUDA_SUCCESS && pfn && *pfn) {
+    void *door = door_replacing(*pfn);
+    if (door)
+      *pfn = door;
+  }
+  return r;
+}
+
+PS_DEFAULT_VISIBILITY CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                                                   CUdriverProcAddressQueryResult *symbolStatus)
+{
+  if (!ps_driver_load())
+    return CUDA_ERROR_NOT_INITIALIZED;
+  return wrap_proc(ps_driver.cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, symbolStatus), pfn);
+}
+
+PS_DEFAULT_VISIBILITY CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
+{
+  static CUresult (*real_v1)(const char *, void **, int, cuuint64_t);
+  if (!real_v1)
+    real_v1 = (CUresult(*)(const char *, void **, int, cuuint64_t))ps_driver_symbol("cuGetProcAddress");
+  if (!real_v1)
+    return CUDA_ERROR_NOT_FOUND;
+  return wrap_proc(real_v1(symbol, pfn, cudaVersion, flags), pfn);
+}

@@ -1,0 +1,81 @@
+/* The one table of CUDA driver entry points. Filled from libcuda.so.1 with the real
+ * dlsym (psshim overrides dlsym for the process, so it must not look itself up), by
+ * exact versioned export names, once. The test driver stands in by being the
+ * libcuda.so.1 the loader finds (or PSSHIM_LIBCUDA). */
+#include "shim/shim.h"
+#include "shim/shim_internal.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdlib.h>
+
+struct ps_driver ps_driver;
+
+static void *(*glibc_dlsym)(void *, const char *);
+
+static void find_glibc_dlsym(void)
+{
+  /* dlsym moved into libc at 2.34; older ones have the 2.2.5 version. */
+  glibc_dlsym = (void *(*)(void *, const char *))dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+  if (!glibc_dlsym)
+    glibc_dlsym = (void *(*)(void *, const char *))dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+}
+
+void *ps_real_dlsym(void *handle, const char *name)
+{
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, find_glibc_dlsym);
+  return glibc_dlsym ? glibc_dlsym(handle, name) : NULL;
+}
+
+static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static bool loaded;
+static void *driver_lib;
+
+static void load(void)
+{
+  const char *path = getenv("PSSHIM_LIBCUDA");
+  void *lib = dlopen(path ? path : "libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+  if (!lib) {
+    ps_log(PS_LOG_WARN, "cannot load %s (%s): psshim passes every call through", path ? path : "libcuda.so.1",
+           dlerror());
+    return;
+  }
+#define PS_DRIVER_LOAD(name, ret, args)                                                   \
+  ps_driver.name = (ret(*) args)ps_real_dlsym(lib, #name);                                \
+  if (!ps_driver.name) {                                                                   \
+    ps_error("the CUDA driver lacks %s (driver too old?): psshim passes every call through", #name); \
+    return;                                                                                \
+  }
+  PS_DRIVER_FUNCS(PS_DRIVER_LOAD)
+#undef PS_DRIVER_LOAD
+  driver_lib = lib;
+  loaded = true;
+}
+
+bool ps_driver_load(void)
+{
+  pthread_once(&load_once, load);
+  return loaded;
+}
+
+void *ps_driver_symbol(const char *name)
+{
+  return ps_driver_load() ? ps_real_dlsym(driver_lib, name) : NULL;
+}
+
+const char *ps_cu_error_name(CUresult r)
+{
+  const char *name = NULL;
+  if (loaded && ps_driver.cuGetErrorName(r, &name) == CUDA_SUCCESS && name)
+    return name;
+  return "CUDA_ERROR_UNKNOWN";
+}
+
+CUresult ps_cu_checked(CUresult r, const char *what, const char *file, int line)
+{
+  if (r != CUDA_SUCCESS)
+    ps_log(r == CUDA_ERROR_OUT_OF_MEMORY ? PS_LOG_INFO : PS_LOG_ERROR, "%s failed: %s (%s:%d)", what,
+           ps_cu_error_name(r), file, line);
+  return r;
+}

@@ -1,0 +1,58 @@
+/* Start and end of the process: options, the PyTorch allocator setting, fork handlers,
+ * statistics at exit. The driver itself is loaded at the first door that needs it, so a
+ * process that never touches CUDA (a DataLoader worker, a shell) pays nothing. */
+#include "allocator/allocator.h"
+#include "shim/shim_internal.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static bool options_ok;
+
+bool ps_active(void)
+{
+  return options_ok && !ps_options.disabled && !psa_forked_child && ps_driver_load();
+}
+
+/* With torch's default caching allocator psshim would see ~60 large segments; with
+ * backend:cudaMallocAsync it sees every tensor, which is what chunk placement needs. */
+static void steer_pytorch(void)
+{
+  if (ps_options.keep_torch_allocator || getenv("PYTORCH_CUDA_ALLOC_CONF") || getenv("PYTORCH_ALLOC_CONF"))
+    return;
+  setenv("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync", 0);
+}
+
+__attribute__((constructor)) static void psshim_start(void)
+{
+  char err[512];
+  if (!ps_options_parse(err, sizeof err)) {
+    ps_log_level = PS_LOG_ERROR;
+    ps_error("%s", err);
+    exit(1);
+  }
+  ps_log_level = ps_options.log_level;
+  options_ok = true;
+  if (ps_options.disabled)
+    return;
+  steer_pytorch();
+  pthread_atfork(psa_atfork_prepare, psa_atfork_parent, psa_atfork_child);
+}
+
+__attribute__((destructor)) static void psshim_end(void)
+{
+  if (!options_ok || !ps_options.stats || psa_forked_child)
+    return;
+  if (!ps_options.stats_path) {
+    psa_stats_write(stderr, false);
+    return;
+  }
+  FILE *f = fopen(ps_options.stats_path, "w");
+  if (!f) {
+    ps_error("PSSHIM_STATS=%s: cannot write the file", ps_options.stats_path);
+    return;
+  }
+  psa_stats_write(f, true);
+  fclose(f);
+}

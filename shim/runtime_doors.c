@@ -1,0 +1,198 @@
+/* Runtime-API doors: what PyTorch actually calls (libtorch_cuda links libcudart
+ * dynamically, so these exported names win under LD_PRELOAD), and PyTorch's
+ * pluggable-allocator entry points. What psshim does not serve goes to the real cudart. */
+#include "allocator/allocator.h"
+#include "shim/shim_internal.h"
+
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <sys/types.h>
+
+cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t hStream);
+cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t hStream);
+cudaError_t cudaMallocFromPoolAsync_ptsz(void **ptr, size_t size, cudaMemPool_t memPool, cudaStream_t stream);
+
+/* The real cudart entry point: next in the search order after psshim, or the cudart
+ * already loaded privately (RTLD_LOCAL) by whoever called. NULL when there is none. */
+static void *real_runtime(const char *name)
+{
+  void *f = ps_real_dlsym(RTLD_NEXT, name);
+  static const char *const sonames[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so"};
+  for (size_t i = 0; !f && i < sizeof sonames / sizeof sonames[0]; i++) {
+    void *lib = dlopen(sonames[i], RTLD_LAZY | RTLD_NOLOAD);
+    if (lib) {
+      f = ps_real_dlsym(lib, name);
+      dlclose(lib);
+    }
+  }
+  return f;
+}
+
+#define REAL(name, type) \
+  static type real_##name; \
+  if (!real_##name) real_##name = (type)real_runtime(#name)
+
+static cudaError_t to_runtime(CUresult r)
+{
+  switch (r) {
+  case CUDA_SUCCESS: return cudaSuccess;
+  case CUDA_ERROR_OUT_OF_MEMORY: return cudaErrorMemoryAllocation;
+  case CUDA_ERROR_INVALID_VALUE: return cudaErrorInvalidValue;
+  case CUDA_ERROR_NOT_INITIALIZED: return cudaErrorInitializationError;
+  default: return cudaErrorUnknown;
+  }
+}
+
+/* Makes sure a context is current the way the runtime would (its primary context of the
+ * current device), so psshim's first allocation uses the context the framework will use. */
+static bool runtime_device(int *ordinal)
+{
+  if (!ps_active())
+    return false;
+  if (ps_current_device(ordinal))
+    return true;
+  REAL(cudaFree, cudaError_t (*)(void *));
+  if (real_cudaFree) {
+    if (real_cudaFree(NULL) != cudaSuccess) /* the runtime's own "initialise the context" */
+      return false;
+  } else {
+    CUdevice dev;
+    CUcontext ctx;
+    if (PS_CU(ps_driver.cuDeviceGet(&dev, 0)) || PS_CU(ps_driver.cuDevicePrimaryCtxRetain(&ctx, dev)) ||
+        PS_CU(ps_driver.cuCtxSetCurrent(ctx)))
+      return false;
+  }
+  return ps_current_device(ordinal);
+}
+
+static cudaError_t serve(void **p, size_t size, CUstream stream, bool *served)
+{
+  int ordinal;
+  *served = false;
+  if (!p || !runtime_device(&ordinal))
+    return cudaSuccess;
+  CUresult r = psa_alloc(ordinal, size, stream, (CUdeviceptr *)p);
+  *served = r != CUDA_ERROR_NOT_SUPPORTED;
+  return to_runtime(r);
+}
+
+PS_DEFAULT_VISIBILITY cudaError_t cudaMalloc(void **devPtr, size_t size)
+{
+  bool served;
+  cudaError_t e = serve(devPtr, size, PSA_SYNC_STREAM, &served);
+  if (served)
+    return e;
+  REAL(cudaMalloc, cudaError_t (*)(void **, size_t));
+  return real_cudaMalloc ? real_cudaMalloc(devPtr, size) : cudaErrorInitializationError;
+}
+
+PS_DEFAULT_VISIBILITY cudaError_t cudaFree(void *devPtr)
+{
+  if (psa_owns((CUdeviceptr)devPtr))
+    return to_runtime(psa_free((CUdeviceptr)devPtr, 0, true));
+  REAL(cudaFree, cudaError_t (*)(void *));
+  return real_cudaFree ? real_cudaFree(devPtr) : cudaErrorInitializationError;
+}
+
+PS_DEFAULT_VISIBILITY cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream)
+{
+  bool served;
+  cudaError_t e = serve(devPtr, size, (CUstream)hStream, &served);
+  if (served)
+    return e;
+  REAL(cudaMallocAsync, cudaError_t (*)(void **, size_t, cudaStream_t));
+  return real_cudaMallocAsync ? real_cudaMallocAsync(devPtr, size, hStream) : cudaErrorInitializationError;
+}
+
+PS_DEFAULT_VISIBILITY cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t hStream)
+{
+  if (psa_owns((CUdeviceptr)devPtr))
+    return to_runtime(psa_free((CUdeviceptr)devPtr, (CUstream)hStream, false));
+  REAL(cudaFreeAsync, cudaError_t (*)(void *, cudaStream_t));
+  return real_cudaFreeAsync ? real_cudaFreeAsync(devPtr, hStream) : cudaErrorInitializationError;
+}
+
+/* Only the device's current pool is served (see the driver door of the same name). */
+static bool runtime_pool_is_current(cudaMemPool_t pool)
+{
+  int ordinal;
+  cudaMemPool_t current = NULL;
+  REAL(cudaDeviceGetMemPool, cudaError_t (*)(cudaMemPool_t *, int));
+  return real_cudaDeviceGetMemPool && runtime_device(&ordinal) &&
+         real_cudaDeviceGetMemPool(&current, ordinal) == cudaSuccess && current == pool;
+}
+
+PS_DEFAULT_VISIBILITY cudaError_t cudaMallocFromPoolAsync(void **ptr, size_t size, cudaMemPool_t memPool,
+                                                          cudaStream_t stream)
+{
+  bool served = false;
+  cudaError_t e = runtime_pool_is_current(memPool) ? serve(ptr, size, (CUstream)stream, &served) : cudaSuccess;
+  if (served)
+    return e;
+  REAL(cudaMallocFromPoolAsync, cudaError_t (*)(void **, size_t, cudaMemPool_t, cudaStream_t));
+  return real_cudaMallocFromPoolAsync ? real_cudaMallocFromPoolAsync(ptr, size, memPool, stream)
+                                      : cudaErrorInitializationError;
+}
+
+static cudaStream_t per_thread(cudaStream_t s) { return s ? s : cudaStreamPerThread; }
+
+PS_DEFAULT_VISIBILITY cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t hStream)
+{
+  bool served;
+  cudaError_t e = serve(devPtr, size, (CUstream)per_thread(hStream), &served);
+  if (served)
+    return e;
+  REAL(cudaMallocAsync_ptsz, cudaError_t (*)(void **, size_t, cudaStream_t));
+  return real_cudaMallocAsync_ptsz ? real_cudaMallocAsync_ptsz(devPtr, size, hStream) : cudaErrorInitializationError;
+}
+
+PS_DEFAULT_VISIBILITY cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t hStream)
+{
+  if (psa_owns((CUdeviceptr)devPtr))
+    return to_runtime(psa_free((CUdeviceptr)devPtr, (CUstream)per_thread(hStream), false));
+  REAL(cudaFreeAsync_ptsz, cudaError_t (*)(void *, cudaStream_t));
+  return real_cudaFreeAsync_ptsz ? real_cudaFreeAsync_ptsz(devPtr, hStream) : cudaErrorInitializationError;
+}
+
+PS_DEFAULT_VISIBILITY cudaError_t cudaMallocFromPoolAsync_ptsz(void **ptr, size_t size, cudaMemPool_t memPool,
+                                                               cudaStream_t stream)
+{
+  bool served = false;
+  cudaError_t e =
+      runtime_pool_is_current(memPool) ? serve(ptr, size, (CUstream)per_thread(stream), &served) : cudaSuccess;
+  if (served)
+    return e;
+  REAL(cudaMallocFromPoolAsync_ptsz, cudaError_t (*)(void **, size_t, cudaMemPool_t, cudaStream_t));
+  return real_cudaMallocFromPoolAsync_ptsz ? real_cudaMallocFromPoolAsync_ptsz(ptr, size, memPool, stream)
+                                           : cudaErrorInitializationError;
+}
+
+PS_DEFAULT_VISIBILITY cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes)
+{
+  int ordinal;
+  if (free_bytes && total_bytes && runtime_device(&ordinal)) {
+    psa_mem_info(ordinal, free_bytes, total_bytes);
+    if (*total_bytes)
+      return cudaSuccess;
+  }
+  REAL(cudaMemGetInfo, cudaError_t (*)(size_t *, size_t *));
+  return real_cudaMemGetInfo ? real_cudaMemGetInfo(free_bytes, total_bytes) : cudaErrorInitializationError;
+}
+
+/* torch.cuda.memory.CUDAPluggableAllocator(path, "psshim_malloc", "psshim_free"): the
+ * framework names the device and has made it current. */
+PS_DEFAULT_VISIBILITY void *psshim_malloc(ssize_t size, int device, cudaStream_t stream)
+{
+  CUdeviceptr p = 0;
+  if (size < 0 || !ps_active() || psa_alloc(device, (size_t)size, (CUstream)stream, &p) != CUDA_SUCCESS)
+    return NULL;
+  return (void *)p;
+}
+
+PS_DEFAULT_VISIBILITY void psshim_free(void *ptr, ssize_t size, int device, cudaStream_t stream)
+{
+  (void)size;
+  (void)device;
+  if (psa_owns((CUdeviceptr)ptr))
+    psa_free((CUdeviceptr)ptr, (CUstream)stream, false);
+}

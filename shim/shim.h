@@ -1,0 +1,112 @@
+/* shim/ — psshim's doors to the process, and its one way out to the driver.
+ *
+ * In: exported CUDA runtime/driver allocation symbols, the dlsym and cuGetProcAddress
+ * overrides, PyTorch's pluggable-allocator entry points, constructor and destructor.
+ * Out: ps_driver, the single table of CUDA driver entry points every other folder calls
+ * (filled by dlopen of libcuda.so.1 at run time; the test driver stands in the same way).
+ * Also: the options table read from the environment, and logging. */
+#ifndef PSSHIM_SHIM_H
+#define PSSHIM_SHIM_H
+
+#include <cuda.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- logging: nothing unless PSSHIM_LOG asks; always stderr, always "psshim: " ---- */
+enum ps_log_level { PS_LOG_OFF = 0, PS_LOG_ERROR, PS_LOG_WARN, PS_LOG_INFO, PS_LOG_DEBUG };
+extern int ps_log_level;
+void ps_log_write(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define ps_log(level, ...) \
+  do { if ((level) <= ps_log_level) ps_log_write((level), __VA_ARGS__); } while (0)
+/* An error the user must see (bad configuration, both budgets exhausted): printed at
+ * PSSHIM_LOG=error and above, and error is the default level. */
+#define ps_error(...) ps_log(PS_LOG_ERROR, __VA_ARGS__)
+
+/* ---- the driver table ---- */
+#define PS_DRIVER_FUNCS(X)                                                            \
+  X(cuInit, CUresult, (unsigned int))                                                 \
+  X(cuDriverGetVersion, CUresult, (int *))                                            \
+  X(cuGetErrorName, CUresult, (CUresult, const char **))                              \
+  X(cuDeviceGet, CUresult, (CUdevice *, int))                                         \
+  X(cuDeviceGetCount, CUresult, (int *))                                              \
+  X(cuDeviceGetAttribute, CUresult, (int *, CUdevice_attribute, CUdevice))            \
+  X(cuDeviceTotalMem_v2, CUresult, (size_t *, CUdevice))                              \
+  X(cuDevicePrimaryCtxRetain, CUresult, (CUcontext *, CUdevice))                      \
+  X(cuCtxGetCurrent, CUresult, (CUcontext *))                                         \
+  X(cuCtxSetCurrent, CUresult, (CUcontext))                                           \
+  X(cuCtxGetDevice, CUresult, (CUdevice *))                                           \
+  X(cuCtxSynchronize, CUresult, (void))                                               \
+  X(cuMemGetInfo_v2, CUresult, (size_t *, size_t *))                                  \
+  X(cuMemAlloc_v2, CUresult, (CUdeviceptr *, size_t))                                 \
+  X(cuMemFree_v2, CUresult, (CUdeviceptr))                                            \
+  X(cuMemAllocAsync, CUresult, (CUdeviceptr *, size_t, CUstream))                     \
+  X(cuMemFreeAsync, CUresult, (CUdeviceptr, CUstream))                                \
+  X(cuMemAllocFromPoolAsync, CUresult, (CUdeviceptr *, size_t, CUmemoryPool, CUstream)) \
+  X(cuMemAddressReserve, CUresult, (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long)) \
+  X(cuMemAddressFree, CUresult, (CUdeviceptr, size_t))                                \
+  X(cuMemCreate, CUresult, (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long)) \
+  X(cuMemRelease, CUresult, (CUmemGenericAllocationHandle))                           \
+  X(cuMemMap, CUresult, (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long)) \
+  X(cuMemUnmap, CUresult, (CUdeviceptr, size_t))                                      \
+  X(cuMemSetAccess, CUresult, (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t)) \
+  X(cuMemGetAllocationGranularity, CUresult, (size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags)) \
+  X(cuStreamCreate, CUresult, (CUstream *, unsigned int))                             \
+  X(cuStreamDestroy_v2, CUresult, (CUstream))                                         \
+  X(cuStreamSynchronize, CUresult, (CUstream))                                        \
+  X(cuStreamWaitEvent, CUresult, (CUstream, CUevent, unsigned int))                   \
+  X(cuEventCreate, CUresult, (CUevent *, unsigned int))                               \
+  X(cuEventDestroy_v2, CUresult, (CUevent))                                           \
+  X(cuEventRecord, CUresult, (CUevent, CUstream))                                     \
+  X(cuEventQuery, CUresult, (CUevent))                                                \
+  X(cuEventSynchronize, CUresult, (CUevent))                                          \
+  X(cuMemcpyAsync, CUresult, (CUdeviceptr, CUdeviceptr, size_t, CUstream))            \
+  X(cuMemcpy, CUresult, (CUdeviceptr, CUdeviceptr, size_t))                           \
+  X(cuFuncGetParamInfo, CUresult, (CUfunction, size_t, size_t *, size_t *))           \
+  X(cuGetProcAddress_v2, CUresult, (const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *))
+
+struct ps_driver {
+#define PS_DRIVER_FIELD(name, ret, args) ret (*name) args;
+  PS_DRIVER_FUNCS(PS_DRIVER_FIELD)
+#undef PS_DRIVER_FIELD
+};
+extern struct ps_driver ps_driver;
+
+/* Loads libcuda.so.1 (PSSHIM_LIBCUDA overrides the path) and fills ps_driver once.
+ * Returns false, after one log line naming what is missing, if it cannot. */
+bool ps_driver_load(void);
+/* An entry point of the loaded driver that psshim does not require (NULL if absent). */
+void *ps_driver_symbol(const char *name);
+/* "CUDA_ERROR_OUT_OF_MEMORY"-style name for logs, never NULL. */
+const char *ps_cu_error_name(CUresult r);
+/* Calls a driver entry point and logs a failure with the call's text; yields the CUresult. */
+#define PS_CU(call) ps_cu_checked((call), #call, __FILE__, __LINE__)
+CUresult ps_cu_checked(CUresult r, const char *what, const char *file, int line);
+
+/* ---- options: read once from the environment at start (see options.c for the table) ---- */
+enum ps_policy_kind { PS_POLICY_STATIC = 0, PS_POLICY_AUTO };
+struct ps_options {
+  uint64_t gpu_budget;       /* bytes of GPU frames; 0 = default (device memory minus reserve) */
+  double gpu_budget_frac;    /* when given as NN%, fraction of device memory; else 0 */
+  uint64_t gpu_reserve;      /* bytes left to what psshim does not manage */
+  uint64_t host_budget;      /* bytes of pinned host frames; 0 = default */
+  double host_budget_frac;
+  uint64_t chunk_size;
+  enum ps_policy_kind policy;
+  int log_level;
+  bool stats;                /* PSSHIM_STATS set to 1 or a path */
+  const char *stats_path;    /* PSSHIM_STATS=file.json: JSON at exit instead of text on stderr */
+  bool keep_torch_allocator; /* PSSHIM_TORCH_ALLOC=keep: leave PYTORCH_CUDA_ALLOC_CONF unset */
+  bool disabled;             /* PSSHIM_DISABLE=1: every door passes through */
+  const char *trace_path;    /* PSSHIM_TRACE */
+  unsigned sample_ms;        /* PSSHIM_SAMPLE_MS */
+  const char *cupti_path;    /* PSSHIM_CUPTI */
+};
+extern struct ps_options ps_options;
+/* Parses every PSSHIM_* variable. On a bad value: one line naming the variable and what it
+ * accepts into err (if non-NULL) and false. Never exits: the caller decides. */
+bool ps_options_parse(char *err, size_t errlen);
+/* Parses "64M", "1.5G", "512", "25%" (percent only when pct is non-NULL). */
+bool ps_parse_size(const char *text, uint64_t *bytes, double *pct);
+
+#endif

@@ -1,0 +1,22 @@
+/* Private to shim/: how the doors reach the real functions and decide what to serve. */
+#ifndef PSSHIM_SHIM_INTERNAL_H
+#define PSSHIM_SHIM_INTERNAL_H
+
+#include "shim/shim.h"
+
+/* glibc's own dlsym (psshim overrides the exported one). */
+void *ps_real_dlsym(void *handle, const char *name);
+/* psshim serves allocations: the driver loaded, not disabled, not a forked child. */
+bool ps_active(void);
+/* The device of the calling thread's current context; false when there is none. */
+bool ps_current_device(int *ordinal);
+
+/* The per-thread-default-stream forms of the driver doors (cuda.h declares them only
+ * under CUDA_API_PER_THREAD_DEFAULT_STREAM): stream 0 means the thread's own stream. */
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream);
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream);
+/* The exported door functions, for the lookup tables. */
+#define PS_DEFAULT_VISIBILITY __attribute__((visibility("default")))
+
+#endif
