@@ -1,0 +1,40 @@
+/* Victim choice: OPT/Belady from the schedule, LRU without one, one tie-break for both. */
+#include "policy/internal.h"
+
+bool psp_evicts_before(const psp_cand *a, uint64_t rank_a, const psp_cand *b, uint64_t rank_b)
+{
+  if (rank_a != rank_b) return rank_a > rank_b;
+  if (a->dirty != b->dirty) return !a->dirty;  /* a clean chunk leaves without a copy */
+  if (a->bytes != b->bytes) return a->bytes > b->bytes;  /* frees more at once */
+  return a->chunk < b->chunk;  /* deterministic, so replays are reproducible */
+}
+
+ptrdiff_t psp_victim_opt(const psp_schedule *s, uint64_t now, const psp_cand *cands, size_t n)
+{
+  ptrdiff_t best = -1;
+  uint64_t best_rank = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint64_t next = psp_use_from(s, cands[i].chunk, now);
+    if (next == now) continue;  /* the running moment needs it */
+    if (best < 0 || psp_evicts_before(&cands[i], next, &cands[best], best_rank)) {
+      best = (ptrdiff_t)i;
+      best_rank = next;
+    }
+  }
+  return best;
+}
+
+ptrdiff_t psp_victim_lru(uint64_t now, const psp_cand *cands, size_t n)
+{
+  ptrdiff_t best = -1;
+  uint64_t best_rank = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (cands[i].last_use >= now) continue;  /* touched by the running moment */
+    uint64_t age = now - cands[i].last_use;
+    if (best < 0 || psp_evicts_before(&cands[i], age, &cands[best], best_rank)) {
+      best = (ptrdiff_t)i;
+      best_rank = age;
+    }
+  }
+  return best;
+}

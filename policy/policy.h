@@ -1,0 +1,154 @@
+/* policy/ — decisions only: which chunk holds a GPU frame, what to prefetch, what to evict.
+ *
+ * Works on an abstract model (chunk ids, byte sizes, "moments" = one kernel launch or
+ * transfer each), with no CUDA, no I/O and no global state, so the allocator uses it online
+ * and the report tool replays a recorded trace through it offline. Functions that allocate
+ * return -1 with errno set when they fail; nothing here logs.
+ *
+ * Moments are absolute: moment t of iteration k is k * period + t (keep them below 2^63). */
+#ifndef PSSHIM_POLICY_H
+#define PSSHIM_POLICY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define PSP_NEVER UINT64_MAX
+
+/* ---- schedule: one training iteration as the tracer saw it during warm-up ---- */
+
+typedef struct psp_use {
+  uint32_t chunk;
+  bool written;
+} psp_use;
+
+typedef struct psp_schedule psp_schedule;
+
+psp_schedule *psp_schedule_new(void);
+void psp_schedule_free(psp_schedule *s);
+/* Declares a chunk (ids need not be dense) or changes its size; bytes > 0. */
+int psp_schedule_chunk(psp_schedule *s, uint32_t chunk, uint64_t bytes);
+/* Opens the next moment. nonmodel_bytes: GPU bytes in use then that psshim does not page. */
+int psp_schedule_moment(psp_schedule *s, uint64_t nonmodel_bytes);
+/* The open moment touches a declared chunk; a repeated touch merges (written is or-ed). */
+int psp_schedule_touch(psp_schedule *s, uint32_t chunk, bool written);
+/* Ends building and indexes uses by chunk. Next-use and margin queries need a sealed
+ * schedule; a sealed one takes no more moments or touches. */
+int psp_schedule_seal(psp_schedule *s);
+
+uint32_t psp_schedule_period(const psp_schedule *s);  /* moments per iteration */
+uint32_t psp_schedule_chunks(const psp_schedule *s);  /* one past the highest chunk id */
+uint64_t psp_schedule_chunk_bytes(const psp_schedule *s, uint32_t chunk);  /* 0: unknown */
+/* The chunks touched at moment m (taken modulo the period). */
+size_t psp_schedule_uses(const psp_schedule *s, uint64_t m, const psp_use **uses);
+uint64_t psp_schedule_nonmodel(const psp_schedule *s, uint64_t m);
+/* Moments per iteration that touch the chunk; *written (may be NULL): one of them writes. */
+uint32_t psp_schedule_use_count(const psp_schedule *s, uint32_t chunk, bool *written);
+/* The next moment strictly after m that touches the chunk, wrapping into the following
+ * iterations, or PSP_NEVER. O(log uses). */
+uint64_t psp_next_use(const psp_schedule *s, uint32_t chunk, uint64_t m);
+/* PatrickStar's margin: the most non-model bytes in use at any moment of [m, m + window).
+ * O(1) after sealing. */
+uint64_t psp_schedule_margin(const psp_schedule *s, uint64_t m, uint32_t window);
+
+/* ---- period detection over the stream of launch signatures ---- */
+
+typedef struct psp_period psp_period;
+
+/* Finds periods of up to max_period launches that repeat `repeats` (>= 2) times, allowing
+ * `noise` (e.g. 0.02) of launches inserted, missing or changed. Memory, fixed here: 12 bytes
+ * times (repeats + 1) * max_period rounded up to a power of two, plus 48 * max_period. */
+psp_period *psp_period_new(uint32_t max_period, uint32_t repeats, double noise);
+void psp_period_free(psp_period *d);
+void psp_period_feed(psp_period *d, uint64_t signature);  /* O(1) */
+/* True when the recent stream is periodic: *period launches per iteration, and
+ * *phase_start = index (counting fed signatures from 0) of the launch that began the latest
+ * complete iteration. Iteration boundaries stay where they were first seen as long as this
+ * is asked at least once per (repeats + 1) * max_period launches. */
+bool psp_period_get(psp_period *d, uint32_t *period, uint64_t *phase_start);
+
+/* ---- eviction ---- */
+
+typedef struct psp_cand {
+  uint32_t chunk;
+  uint64_t bytes;
+  uint64_t last_use;  /* latest moment that touched it (LRU) */
+  bool dirty;         /* written since paged in: evicting it costs a copy */
+} psp_cand;
+
+/* Both return an index into cands, or -1 when every candidate is in use at `now`.
+ * Ties go to a clean chunk (no copy), then the larger, then the lower id. */
+/* OPT/Belady: the chunk used farthest in the future; chunks the schedule uses at `now` are
+ * pinned. Chunks the schedule never uses go first. */
+ptrdiff_t psp_victim_opt(const psp_schedule *s, uint64_t now, const psp_cand *cands, size_t n);
+/* LRU, for when there is no schedule: the least recently used; last_use == now is pinned. */
+ptrdiff_t psp_victim_lru(uint64_t now, const psp_cand *cands, size_t n);
+
+/* ---- prefetch plan ---- */
+
+typedef struct psp_plan_req {
+  uint64_t now;      /* the moment about to run */
+  uint32_t window;   /* moments to look ahead, counting now; at most one period is used */
+  uint64_t budget;   /* GPU bytes for chunks and non-model memory together */
+  uint64_t margin;   /* non-model bytes to keep free: psp_schedule_margin(now, window) */
+  const psp_cand *resident;  /* chunks holding GPU frames now */
+  size_t n_resident;
+  const bool *in_place;  /* optional, by chunk id (psp_schedule_chunks entries): never fetch */
+} psp_plan_req;
+
+typedef enum psp_op_kind { PSP_OP_EVICT, PSP_OP_FETCH } psp_op_kind;
+
+typedef struct psp_op {
+  psp_op_kind kind;
+  uint32_t chunk;
+  uint64_t next_use;  /* fetch: the moment that needs it; evict: its next use or PSP_NEVER */
+} psp_op;
+
+/* Fills ops[0 .. *n_ops) in the order to carry them out. First evictions that bring the
+ * resident bytes within budget - margin (never a chunk used at now); then, moment by moment
+ * through the window, for each chunk to be used that is not resident: the evictions that
+ * make room for it followed by its fetch. Fetches come in order of next use; a chunk is
+ * only evicted for a fetch if its next use is later than the fetched chunk's; resident
+ * bytes never exceed budget - margin after the first fetch. The plan stops at the first
+ * chunk it cannot make room for that way, or when ops (cap entries) is full. Chunks larger
+ * than budget - margin are skipped (they run in place). */
+int psp_plan(const psp_schedule *s, const psp_plan_req *req, psp_op *ops, size_t cap,
+             size_t *n_ops);
+
+/* ---- page in, or read in place from host memory ---- */
+
+typedef struct psp_cost {  /* bandwidths in bytes per second */
+  double h2d;        /* pinned host -> device copy, e.g. 55e9 */
+  double d2h;        /* device -> host copy (write-back), e.g. 55e9 */
+  double zero_copy;  /* a kernel reading host memory in place, e.g. 51e9 */
+  double hbm;        /* a kernel reading device memory, e.g. 4000e9 */
+} psp_cost;
+
+typedef enum psp_place { PSP_PAGE_IN, PSP_IN_PLACE } psp_place;
+
+/* The cheaper way to serve a chunk of `bytes` that `uses` moments per iteration touch,
+ * `written` by at least one of them. */
+psp_place psp_choose_place(const psp_cost *cost, uint64_t bytes, uint32_t uses, bool written);
+
+/* ---- offline replay ---- */
+
+typedef enum psp_policy {
+  PSP_POLICY_OPT,     /* demand paging, evicting by psp_victim_opt */
+  PSP_POLICY_LRU,     /* demand paging, evicting by psp_victim_lru */
+  PSP_POLICY_STATIC,  /* first touch takes a GPU frame while any is left; nothing moves */
+} psp_policy;
+
+typedef struct psp_sim {
+  uint64_t page_ins, bytes_in;
+  uint64_t page_outs, bytes_out;  /* evictions of chunks written since paged in */
+  uint64_t drops;                 /* evictions of clean chunks: no copy */
+  uint64_t in_place_moments;      /* moments that touched a chunk left in host memory */
+} psp_sim;
+
+/* Replays `iterations` iterations of a sealed schedule from a cold start (every chunk in
+ * host memory) under `budget` GPU bytes, of which each moment's non-model bytes are taken
+ * first (STATIC keeps the iteration's peak non-model bytes aside instead). */
+int psp_simulate(const psp_schedule *s, uint64_t budget, psp_policy policy,
+                 uint32_t iterations, psp_sim *out);
+
+#endif
