@@ -105,7 +105,7 @@ CUresult psa_free(CUdeviceptr p, CUstream stream, bool sync)
   }
   struct span *s = e->span;
   uint64_t size = e->size, off = p - (d->base + s->first_chunk * d->chunk_size);
-  psa_map_remove(d, e);
+  psa_map_remove(e);
   psa_span_release(d, s, off, size, stream, ev);
   s->live_bytes -= size;
   s->live_allocs--;
@@ -217,6 +217,8 @@ void psa_atfork_parent(void)
     if (psa_devices[i].ready)
       pthread_mutex_unlock(&psa_devices[i].lock);
 }
+
+bool psa_in_forked_child(void) { return psa_forked_child; }
 
 void psa_atfork_child(void)
 {

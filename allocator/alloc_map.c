@@ -65,7 +65,7 @@ struct alloc_entry *psa_map_find(struct device *d, CUdeviceptr p)
   }
 }
 
-void psa_map_remove(struct device *d, struct alloc_entry *e)
+void psa_map_remove(struct alloc_entry *e)
 {
   e->ptr = TOMBSTONE;
   e->span = NULL;

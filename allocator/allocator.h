@@ -70,5 +70,6 @@ void psa_stats_write(FILE *f, bool json);
 void psa_atfork_prepare(void);
 void psa_atfork_parent(void);
 void psa_atfork_child(void);
+bool psa_in_forked_child(void);
 
 #endif

@@ -110,7 +110,7 @@ void psa_event_put(struct device *d, CUevent e);
 /* alloc_map.c */
 bool psa_map_put(struct device *d, CUdeviceptr p, uint64_t size, struct span *s);
 struct alloc_entry *psa_map_find(struct device *d, CUdeviceptr p);
-void psa_map_remove(struct device *d, struct alloc_entry *e);
+void psa_map_remove(struct alloc_entry *e);
 
 static inline uint64_t psa_round_up(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
 

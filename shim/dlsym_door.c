@@ -101,7 +101,7 @@ static void *next_after(const void *caller, const char *name)
 PS_DEFAULT_VISIBILITY void *dlsym(void *handle, const char *name)
 {
   void *real = handle == RTLD_NEXT ? next_after(__builtin_return_address(0), name) : ps_real_dlsym(handle, name);
-  if (!real || !name)
+  if (!real)
     return real;
   const struct door *d = door_named(name);
   if (!d || real == d->door)

@@ -12,7 +12,7 @@ static bool options_ok;
 
 bool ps_active(void)
 {
-  return options_ok && !ps_options.disabled && !psa_forked_child && ps_driver_load();
+  return options_ok && !ps_options.disabled && !psa_in_forked_child() && ps_driver_load();
 }
 
 /* With torch's default caching allocator psshim would see ~60 large segments; with
@@ -42,7 +42,7 @@ __attribute__((constructor)) static void psshim_start(void)
 
 __attribute__((destructor)) static void psshim_end(void)
 {
-  if (!options_ok || !ps_options.stats || psa_forked_child)
+  if (!options_ok || !ps_options.stats || psa_in_forked_child())
     return;
   if (!ps_options.stats_path) {
     psa_stats_write(stderr, false);

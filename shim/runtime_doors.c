@@ -28,9 +28,10 @@ static void *real_runtime(const char *name)
   return f;
 }
 
-#define REAL(name, type) \
-  static type real_##name; \
-  if (!real_##name) real_##name = (type)real_runtime(#name)
+/* The real function has the door's own type. */
+#define REAL(name) \
+  static __typeof__(&name) real_##name; \
+  if (!real_##name) real_##name = (__typeof__(&name))real_runtime(#name)
 
 static cudaError_t to_runtime(CUresult r)
 {
@@ -51,7 +52,7 @@ static bool runtime_device(int *ordinal)
     return false;
   if (ps_current_device(ordinal))
     return true;
-  REAL(cudaFree, cudaError_t (*)(void *));
+  REAL(cudaFree);
   if (real_cudaFree) {
     if (real_cudaFree(NULL) != cudaSuccess) /* the runtime's own "initialise the context" */
       return false;
@@ -82,7 +83,7 @@ PS_DEFAULT_VISIBILITY cudaError_t cudaMalloc(void **devPtr, size_t size)
   cudaError_t e = serve(devPtr, size, PSA_SYNC_STREAM, &served);
   if (served)
     return e;
-  REAL(cudaMalloc, cudaError_t (*)(void **, size_t));
+  REAL(cudaMalloc);
   return real_cudaMalloc ? real_cudaMalloc(devPtr, size) : cudaErrorInitializationError;
 }
 
@@ -90,7 +91,7 @@ PS_DEFAULT_VISIBILITY cudaError_t cudaFree(void *devPtr)
 {
   if (psa_owns((CUdeviceptr)devPtr))
     return to_runtime(psa_free((CUdeviceptr)devPtr, 0, true));
-  REAL(cudaFree, cudaError_t (*)(void *));
+  REAL(cudaFree);
   return real_cudaFree ? real_cudaFree(devPtr) : cudaErrorInitializationError;
 }
 
@@ -100,7 +101,7 @@ PS_DEFAULT_VISIBILITY cudaError_t cudaMallocAsync(void **devPtr, size_t size, cu
   cudaError_t e = serve(devPtr, size, (CUstream)hStream, &served);
   if (served)
     return e;
-  REAL(cudaMallocAsync, cudaError_t (*)(void **, size_t, cudaStream_t));
+  REAL(cudaMallocAsync);
   return real_cudaMallocAsync ? real_cudaMallocAsync(devPtr, size, hStream) : cudaErrorInitializationError;
 }
 
@@ -108,7 +109,7 @@ PS_DEFAULT_VISIBILITY cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t hStre
 {
   if (psa_owns((CUdeviceptr)devPtr))
     return to_runtime(psa_free((CUdeviceptr)devPtr, (CUstream)hStream, false));
-  REAL(cudaFreeAsync, cudaError_t (*)(void *, cudaStream_t));
+  REAL(cudaFreeAsync);
   return real_cudaFreeAsync ? real_cudaFreeAsync(devPtr, hStream) : cudaErrorInitializationError;
 }
 
@@ -117,7 +118,7 @@ static bool runtime_pool_is_current(cudaMemPool_t pool)
 {
   int ordinal;
   cudaMemPool_t current = NULL;
-  REAL(cudaDeviceGetMemPool, cudaError_t (*)(cudaMemPool_t *, int));
+  REAL(cudaDeviceGetMemPool);
   return real_cudaDeviceGetMemPool && runtime_device(&ordinal) &&
          real_cudaDeviceGetMemPool(&current, ordinal) == cudaSuccess && current == pool;
 }
@@ -129,7 +130,7 @@ PS_DEFAULT_VISIBILITY cudaError_t cudaMallocFromPoolAsync(void **ptr, size_t siz
   cudaError_t e = runtime_pool_is_current(memPool) ? serve(ptr, size, (CUstream)stream, &served) : cudaSuccess;
   if (served)
     return e;
-  REAL(cudaMallocFromPoolAsync, cudaError_t (*)(void **, size_t, cudaMemPool_t, cudaStream_t));
+  REAL(cudaMallocFromPoolAsync);
   return real_cudaMallocFromPoolAsync ? real_cudaMallocFromPoolAsync(ptr, size, memPool, stream)
                                       : cudaErrorInitializationError;
 }
@@ -142,7 +143,7 @@ PS_DEFAULT_VISIBILITY cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t siz
   cudaError_t e = serve(devPtr, size, (CUstream)per_thread(hStream), &served);
   if (served)
     return e;
-  REAL(cudaMallocAsync_ptsz, cudaError_t (*)(void **, size_t, cudaStream_t));
+  REAL(cudaMallocAsync_ptsz);
   return real_cudaMallocAsync_ptsz ? real_cudaMallocAsync_ptsz(devPtr, size, hStream) : cudaErrorInitializationError;
 }
 
@@ -150,7 +151,7 @@ PS_DEFAULT_VISIBILITY cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t 
 {
   if (psa_owns((CUdeviceptr)devPtr))
     return to_runtime(psa_free((CUdeviceptr)devPtr, (CUstream)per_thread(hStream), false));
-  REAL(cudaFreeAsync_ptsz, cudaError_t (*)(void *, cudaStream_t));
+  REAL(cudaFreeAsync_ptsz);
   return real_cudaFreeAsync_ptsz ? real_cudaFreeAsync_ptsz(devPtr, hStream) : cudaErrorInitializationError;
 }
 
@@ -162,7 +163,7 @@ PS_DEFAULT_VISIBILITY cudaError_t cudaMallocFromPoolAsync_ptsz(void **ptr, size_
       runtime_pool_is_current(memPool) ? serve(ptr, size, (CUstream)per_thread(stream), &served) : cudaSuccess;
   if (served)
     return e;
-  REAL(cudaMallocFromPoolAsync_ptsz, cudaError_t (*)(void **, size_t, cudaMemPool_t, cudaStream_t));
+  REAL(cudaMallocFromPoolAsync_ptsz);
   return real_cudaMallocFromPoolAsync_ptsz ? real_cudaMallocFromPoolAsync_ptsz(ptr, size, memPool, stream)
                                            : cudaErrorInitializationError;
 }
@@ -175,7 +176,7 @@ PS_DEFAULT_VISIBILITY cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *tot
     if (*total_bytes)
       return cudaSuccess;
   }
-  REAL(cudaMemGetInfo, cudaError_t (*)(size_t *, size_t *));
+  REAL(cudaMemGetInfo);
   return real_cudaMemGetInfo ? real_cudaMemGetInfo(free_bytes, total_bytes) : cudaErrorInitializationError;
 }
 
