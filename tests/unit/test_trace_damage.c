@@ -1,0 +1,224 @@
+/* The reader on damaged traces: cut at every byte, random corruption, corruption behind
+ * valid checksums, foreign files. It must never crash, and must say what it lost. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "test_trace_util.h"
+#include "tracer/trace_codec.h"
+#include "tracer/tracer.h"
+
+/* A small trace of several blocks, each flush making one. */
+static const char *small_trace(void) {
+  static char path[512];
+  if (path[0]) return path;
+  snprintf(path, sizeof path, "%s", test_trace_path("small"));
+  const struct pst_trace_header h = { .chunk_size = 1 << 20, .device = "fake" };
+  assert_true(pst_trace_open(path, &h));
+  for (uint64_t b = 0; b < 4; b++) {
+    const uint64_t ptrs[] = { 0x1000 * b, 0x2000 };
+    pst_trace_emit(&(struct pst_record){ .type = PST_REC_LAUNCH,
+                                         .launch = { 1, b, pst_trace_intern(b % 2 ? "odd" : "even"), 2, ptrs } });
+    pst_trace_emit(&(struct pst_record){ .type = PST_REC_ALLOC,
+                                         .alloc = { 0x1000 * b, 64, 1, pst_trace_stack_here(0), 0, 0 } });
+    pst_trace_emit(&(struct pst_record){ .type = PST_REC_COPY, .copy = { PST_COPY_H2D, 100 * b, 1, 2, 1, 5, 9 } });
+    pst_trace_emit(&(struct pst_record){ .type = PST_REC_NOTE, .note = { 0, "note" } });
+    pst_trace_flush();
+  }
+  pst_trace_close();
+  return path;
+}
+
+/* The same records, in the same order, as a prefix of the whole trace. */
+static void assert_prefix(const struct trace_read *part, const struct trace_read *whole) {
+  assert_true(part->n <= whole->n);
+  for (size_t i = 0; i < part->n; i++) {
+    assert_int_equal(part->recs[i].type, whole->recs[i].type);
+    assert_int_equal(part->recs[i].ts_ns, whole->recs[i].ts_ns);
+  }
+}
+
+static void test_truncated_everywhere(void **state) {
+  (void)state;
+  size_t size;
+  unsigned char *data = test_read_file(small_trace(), &size);
+  struct trace_read whole, part;
+  assert_true(test_trace_read(small_trace(), &whole));
+  assert_true(whole.stats.clean_end && whole.stats.blocks >= 4);
+  const char *cut = test_trace_path("cut");
+  size_t clean_cuts = 0;
+  for (size_t k = 0; k < size; k++) {
+    test_write_file(cut, data, k);
+    if (!test_trace_read(cut, &part)) {
+      assert_true(k < PST_FILE_HEADER_SIZE);
+      assert_non_null(strstr(part.error, "truncated at byte"));
+      continue;
+    }
+    assert_true(k >= PST_FILE_HEADER_SIZE);
+    assert_prefix(&part, &whole);
+    assert_false(part.stats.clean_end);
+    if (part.error[0]) {
+      char want[64];
+      snprintf(want, sizeof want, "truncated at byte %zu", k);
+      assert_non_null(strstr(part.error, want));
+      assert_true(part.stats.torn_tail);
+      assert_int_equal(part.stats.good_bytes + part.stats.lost_bytes, k);
+    } else {
+      clean_cuts++; /* cut exactly between two blocks: nothing to tell */
+    }
+    test_trace_read_free(&part);
+  }
+  assert_true(clean_cuts >= 4);
+  test_trace_read_free(&whole);
+  free(data);
+  unlink(cut);
+}
+
+/* Fixed-seed generator, so a failure reproduces. */
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static uint64_t next_random(void) {
+  rng ^= rng << 13;
+  rng ^= rng >> 7;
+  rng ^= rng << 17;
+  return rng;
+}
+
+static void test_random_corruption(void **state) {
+  (void)state;
+  size_t size;
+  unsigned char *data = test_read_file(small_trace(), &size), *bad = malloc(size);
+  const char *path = test_trace_path("fuzz");
+  struct trace_read t;
+  for (int round = 0; round < 3000; round++) {
+    memcpy(bad, data, size);
+    const int flips = 1 + (int)(next_random() % 8);
+    for (int i = 0; i < flips; i++) bad[next_random() % size] ^= (unsigned char)(1 + next_random() % 255);
+    test_write_file(path, bad, size);
+    const int opened = test_trace_read(path, &t);
+    /* Every change is caught by some checksum: silence would mean a missed corruption. */
+    assert_true(t.error[0] != '\0');
+    if (opened) assert_true(t.stats.lost_bytes > 0 || t.stats.bad_blocks > 0);
+    test_trace_read_free(&t);
+  }
+  free(bad);
+  free(data);
+  unlink(path);
+}
+
+/* Recomputes every block's checksums, so damage reaches the record decoder. */
+static void reseal(unsigned char *d, size_t size) {
+  size_t at = PST_FILE_HEADER_SIZE;
+  while (at + PST_BLOCK_HEADER_SIZE <= size) {
+    uint32_t len;
+    memcpy(&len, d + at + 4, 4);
+    if (len > size - at - PST_BLOCK_HEADER_SIZE) return;
+    pst_encode_block_header(d + at, d + at + PST_BLOCK_HEADER_SIZE, len);
+    at += PST_BLOCK_HEADER_SIZE + len;
+  }
+}
+
+static void test_corruption_behind_checksums(void **state) {
+  (void)state;
+  size_t size;
+  unsigned char *data = test_read_file(small_trace(), &size), *bad = malloc(size);
+  const char *path = test_trace_path("resealed");
+  struct trace_read t;
+  for (int round = 0; round < 3000; round++) {
+    memcpy(bad, data, size);
+    const int flips = 1 + (int)(next_random() % 4);
+    for (int i = 0; i < flips; i++) {
+      size_t at = PST_FILE_HEADER_SIZE + next_random() % (size - PST_FILE_HEADER_SIZE);
+      bad[at] = (unsigned char)next_random();
+    }
+    reseal(bad, size);
+    test_write_file(path, bad, size);
+    assert_true(test_trace_read(path, &t));
+    test_trace_read_free(&t);
+  }
+  free(bad);
+  free(data);
+  unlink(path);
+}
+
+static void test_reads_past_a_bad_block(void **state) {
+  (void)state;
+  size_t size;
+  unsigned char *data = test_read_file(small_trace(), &size);
+  struct trace_read whole, t;
+  assert_true(test_trace_read(small_trace(), &whole));
+  uint32_t len1;
+  memcpy(&len1, data + PST_FILE_HEADER_SIZE + 4, 4);
+  const size_t second = PST_FILE_HEADER_SIZE + PST_BLOCK_HEADER_SIZE + len1;
+  const char *path = test_trace_path("badblock");
+  char want[64];
+  snprintf(want, sizeof want, "corrupt block at byte %zu", second);
+  /* Damage in the payload (its checksum fails) and in the header (found again by magic). */
+  const size_t where[] = { second + PST_BLOCK_HEADER_SIZE + 3, second + 5 };
+  for (size_t w = 0; w < 2; w++) {
+    data[where[w]] ^= 0x40;
+    test_write_file(path, data, size);
+    data[where[w]] ^= 0x40;
+    assert_true(test_trace_read(path, &t));
+    assert_non_null(strstr(t.error, want));
+    assert_int_equal(t.stats.bad_blocks, 1);
+    assert_true(t.stats.clean_end); /* the blocks after it were read */
+    assert_true(t.n < whole.n && t.n > whole.n / 2);
+    assert_int_equal(t.recs[t.n - 1].type, PST_REC_END);
+    assert_int_equal(t.stats.good_bytes + t.stats.lost_bytes, size);
+    test_trace_read_free(&t);
+  }
+  test_trace_read_free(&whole);
+  free(data);
+  unlink(path);
+}
+
+static void test_foreign_files(void **state) {
+  (void)state;
+  size_t size;
+  unsigned char *data = test_read_file(small_trace(), &size);
+  const char *path = test_trace_path("foreign");
+  struct trace_read t;
+
+  test_write_file(path, "#!/bin/sh\necho hello, this is not a trace\n", 42);
+  assert_false(test_trace_read(path, &t));
+  assert_non_null(strstr(t.error, "not a psshim trace"));
+
+  const uint32_t v3 = 3;
+  memcpy(data + 8, &v3, 4);
+  test_write_file(path, data, size);
+  assert_false(test_trace_read(path, &t));
+  assert_non_null(strstr(t.error, "version 3 not supported (this tool reads 1)"));
+
+  test_write_file(path, "", 0);
+  assert_false(test_trace_read(path, &t));
+  assert_non_null(strstr(t.error, "truncated at byte 0"));
+
+  assert_false(test_trace_read("/nonexistent/x.trace", &t));
+  assert_non_null(strstr(t.error, "No such file"));
+  free(data);
+  unlink(path);
+}
+
+static int remove_small(void **state) {
+  (void)state;
+  unlink(small_trace());
+  return 0;
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_truncated_everywhere),
+    cmocka_unit_test(test_random_corruption),
+    cmocka_unit_test(test_corruption_behind_checksums),
+    cmocka_unit_test(test_reads_past_a_bad_block),
+    cmocka_unit_test(test_foreign_files),
+  };
+  return cmocka_run_group_tests(tests, NULL, remove_small);
+}

@@ -1,0 +1,373 @@
+/* Trace writer -> reader round trips: every record kind, strings and stacks, threads,
+ * drops, ring reuse and fork. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "test_trace_util.h"
+#include "tracer/tracer.h"
+
+static const struct pst_trace_header test_header = {
+  .chunk_size = 64u << 20, .gpu_budget = 16ull << 30, .host_budget = 64ull << 30,
+  .device = "NVIDIA H200 (test)", .space_base = 0x7f0000000000ull, .space_size = 1ull << 40,
+};
+
+static void open_trace(const char *path) {
+  assert_true(pst_trace_open(path, &test_header));
+}
+
+static const struct pst_record *find(const struct trace_read *t, unsigned type, size_t nth) {
+  for (size_t i = 0; i < t->n; i++)
+    if (t->recs[i].type == type && nth-- == 0) return &t->recs[i];
+  fail_msg("no record %s #%zu", pst_record_type_name(type), nth);
+  return NULL;
+}
+
+static void test_every_kind(void **state) {
+  (void)state;
+  const char *path = test_trace_path("kinds");
+  open_trace(path);
+  const uint32_t kname = pst_trace_intern("sgemm_kernel<float>");
+  assert_int_not_equal(kname, 0);
+  assert_int_equal(pst_trace_intern("sgemm_kernel<float>"), kname);
+  const uint64_t ptrs[] = { 30, 10, 20, 10, 30, 5 };
+  const struct pst_record in[] = {
+    { .type = PST_REC_ALLOC, .ts_ns = 1001,
+      .alloc = { 0x7f0000001000, 4096, 7, 0, 3, PST_PLACE_HOST } },
+    { .type = PST_REC_FREE, .ts_ns = 1002, .free = { 0x7f0000001000, 7 } },
+    { .type = PST_REC_CHUNK, .ts_ns = 1003,
+      .chunk = { 3, PST_CHUNK_FRAME_GPU, 0x7f0000000000, 64u << 20 } },
+    { .type = PST_REC_LAUNCH, .ts_ns = 1004, .launch = { 7, 42, kname, 6, ptrs } },
+    { .type = PST_REC_COPY, .ts_ns = 1005,
+      .copy = { PST_COPY_D2H, 1 << 20, 0xa000, 0xb000, 7, 2000, 3000 } },
+    { .type = PST_REC_MIGRATION, .ts_ns = 1006,
+      .migration = { 3, PST_DIR_D2H, PST_REASON_EVICT, 64u << 20, 4000, 5000 } },
+    { .type = PST_REC_SYNC, .ts_ns = 1007, .sync = { PST_SYNC_STREAM, 7 } },
+    { .type = PST_REC_SAMPLE, .ts_ns = 1008, .sample = { 1, 2, 3, 4 } },
+    { .type = PST_REC_ITERATION, .ts_ns = 1009, .iteration = { 12, 345 } },
+    { .type = PST_REC_NOTE, .ts_ns = 1010, .note = { 0, "CUPTI unavailable" } },
+  };
+  for (size_t i = 0; i < sizeof in / sizeof *in; i++) pst_trace_emit(&in[i]);
+  /* The writer's own kinds are refused from outside. */
+  pst_trace_emit(&(struct pst_record){ .type = PST_REC_END });
+  pst_trace_emit(&(struct pst_record){ .type = PST_REC_STRING, .string = { 99, 1, "x" } });
+  pst_trace_close();
+  assert_false(pst_trace_enabled());
+
+  struct trace_read t;
+  assert_true(test_trace_read(path, &t));
+  if (t.error[0]) fail_msg("%s", t.error);
+  assert_true(t.stats.clean_end);
+  assert_int_equal(t.header.version, PST_TRACE_VERSION);
+  assert_int_equal(t.header.pid, getpid());
+  assert_int_equal(t.header.chunk_size, test_header.chunk_size);
+  assert_int_equal(t.header.gpu_budget, test_header.gpu_budget);
+  assert_int_equal(t.header.host_budget, test_header.host_budget);
+  assert_string_equal(t.header.device, test_header.device);
+  assert_int_equal(t.header.space_base, test_header.space_base);
+  assert_int_equal(t.header.space_size, test_header.space_size);
+  assert_true(t.header.start_ns > 0 && t.header.wall_ns > t.header.start_ns);
+  assert_int_equal(test_trace_count(&t, PST_REC_STRING), 1);
+  assert_string_equal(test_trace_string(&t, kname), "sgemm_kernel<float>");
+  assert_int_equal(test_trace_count(&t, PST_REC_END), 1);
+  assert_int_equal(t.recs[t.n - 1].type, PST_REC_END);
+
+  for (size_t i = 0; i < sizeof in / sizeof *in; i++) {
+    const struct pst_record *got = find(&t, in[i].type, 0), *want = &in[i];
+    assert_int_equal(test_trace_count(&t, want->type), 1);
+    assert_int_equal(got->ts_ns, want->ts_ns);
+    assert_int_equal(got->tid, gettid());
+    switch (want->type) {
+    case PST_REC_LAUNCH:
+      assert_int_equal(got->launch.stream, 7);
+      assert_int_equal(got->launch.seq, 42);
+      assert_int_equal(got->launch.function, kname);
+      assert_int_equal(got->launch.n, 4); /* sorted, duplicates gone */
+      assert_int_equal(got->launch.ptrs[0], 5);
+      assert_int_equal(got->launch.ptrs[1], 10);
+      assert_int_equal(got->launch.ptrs[2], 20);
+      assert_int_equal(got->launch.ptrs[3], 30);
+      assert_int_equal(got->flags, 0);
+      break;
+    case PST_REC_NOTE:
+      assert_int_equal(got->note.len, strlen("CUPTI unavailable"));
+      assert_memory_equal(got->note.text, "CUPTI unavailable", got->note.len);
+      break;
+    case PST_REC_ALLOC:
+      assert_memory_equal(&got->alloc, &want->alloc, sizeof want->alloc);
+      break;
+    case PST_REC_FREE:
+      assert_memory_equal(&got->free, &want->free, sizeof want->free);
+      break;
+    case PST_REC_CHUNK:
+      assert_memory_equal(&got->chunk, &want->chunk, sizeof want->chunk);
+      break;
+    case PST_REC_COPY:
+      assert_int_equal(got->copy.kind, want->copy.kind);
+      assert_int_equal(got->copy.bytes, want->copy.bytes);
+      assert_int_equal(got->copy.src, want->copy.src);
+      assert_int_equal(got->copy.dst, want->copy.dst);
+      assert_int_equal(got->copy.stream, want->copy.stream);
+      assert_int_equal(got->copy.start_ns, want->copy.start_ns);
+      assert_int_equal(got->copy.end_ns, want->copy.end_ns);
+      break;
+    case PST_REC_MIGRATION:
+      assert_int_equal(got->migration.chunk, 3);
+      assert_int_equal(got->migration.direction, PST_DIR_D2H);
+      assert_int_equal(got->migration.reason, PST_REASON_EVICT);
+      assert_int_equal(got->migration.bytes, 64u << 20);
+      assert_int_equal(got->migration.start_ns, 4000);
+      assert_int_equal(got->migration.end_ns, 5000);
+      break;
+    case PST_REC_SYNC:
+      assert_int_equal(got->sync.what, PST_SYNC_STREAM);
+      assert_int_equal(got->sync.stream, 7);
+      break;
+    case PST_REC_SAMPLE:
+      assert_memory_equal(&got->sample, &want->sample, sizeof want->sample);
+      break;
+    case PST_REC_ITERATION:
+      assert_int_equal(got->iteration.iteration, 12);
+      assert_int_equal(got->iteration.period, 345);
+      break;
+    }
+  }
+  test_trace_read_free(&t);
+  unlink(path);
+}
+
+static void test_launch_pointer_cap(void **state) {
+  (void)state;
+  const char *path = test_trace_path("cap");
+  static uint64_t many[PST_LAUNCH_MAX_PTRS + 100];
+  for (size_t i = 0; i < sizeof many / sizeof *many; i++) many[i] = 1000 - i % 700;
+  open_trace(path);
+  pst_trace_emit(&(struct pst_record){
+      .type = PST_REC_LAUNCH, .launch = { 1, 1, 0, sizeof many / sizeof *many, many } });
+  pst_trace_close();
+  struct trace_read t;
+  assert_true(test_trace_read(path, &t));
+  const struct pst_record *l = find(&t, PST_REC_LAUNCH, 0);
+  assert_true(l->flags & PST_RF_TRUNCATED);
+  assert_true(l->launch.n <= PST_LAUNCH_MAX_PTRS && l->launch.n > 0);
+  for (uint32_t i = 1; i < l->launch.n; i++) assert_true(l->launch.ptrs[i - 1] < l->launch.ptrs[i]);
+  assert_true(l->ts_ns >= t.header.start_ns); /* 0 given: the writer's clock */
+  test_trace_read_free(&t);
+  unlink(path);
+}
+
+/* Two allocation sites; visible to dladdr (the test links with -rdynamic). */
+__attribute__((visibility("default"), noinline)) uint32_t psshim_test_site_a(void) {
+  uint32_t id = pst_trace_stack_here(0);
+  __asm__ volatile("" ::: "memory"); /* keeps the call from becoming a tail call */
+  return id;
+}
+__attribute__((visibility("default"), noinline)) uint32_t psshim_test_site_b(void) {
+  uint32_t id = pst_trace_stack_here(0);
+  __asm__ volatile("" ::: "memory");
+  return id;
+}
+
+static void test_stacks_deduped_and_symbolized(void **state) {
+  (void)state;
+  const char *path = test_trace_path("stacks");
+  open_trace(path);
+  uint32_t a[3], b = psshim_test_site_b();
+  volatile int three = 3; /* a loop the compiler cannot unroll into three call sites */
+  for (int i = 0; i < three; i++) a[i] = psshim_test_site_a();
+  assert_int_not_equal(a[0], 0);
+  assert_int_equal(a[0], a[1]);
+  assert_int_equal(a[0], a[2]);
+  assert_int_not_equal(a[0], b);
+  pst_trace_emit(&(struct pst_record){ .type = PST_REC_ALLOC, .alloc = { 1, 2, 0, a[0], 0, 0 } });
+  pst_trace_close();
+
+  struct trace_read t;
+  assert_true(test_trace_read(path, &t));
+  assert_int_equal(test_trace_count(&t, PST_REC_STACK), 2);
+  size_t stack_at = 0, alloc_at = 0;
+  for (size_t i = 0; i < t.n; i++) {
+    if (t.recs[i].type == PST_REC_STACK && t.recs[i].stack.id == a[0]) stack_at = i;
+    if (t.recs[i].type == PST_REC_ALLOC) alloc_at = i;
+  }
+  assert_true(stack_at < alloc_at); /* definitions come before their use */
+  const struct pst_record *s = &t.recs[stack_at];
+  assert_true(s->stack.depth >= 2);
+  assert_string_equal(test_trace_string(&t, s->stack.frames[0].symbol), "psshim_test_site_a");
+  assert_true(s->stack.frames[0].offset > 0);
+  test_trace_read_free(&t);
+  unlink(path);
+}
+
+enum { THREADS = 8, PER_THREAD = 5000 };
+
+static void *writer_thread(void *arg) {
+  const uint64_t k = (uint64_t)(uintptr_t)arg;
+  const uint32_t name = pst_trace_intern("kernel shared by all threads");
+  for (uint64_t i = 0; i < PER_THREAD; i++) {
+    const uint64_t p[2] = { 1000000 + k, i }; /* stored sorted: i first */
+    pst_trace_emit(&(struct pst_record){ .type = PST_REC_LAUNCH, .launch = { k, i, name, 2, p } });
+  }
+  return NULL;
+}
+
+static void test_threads(void **state) {
+  (void)state;
+  const char *path = test_trace_path("threads");
+  pthread_t th[THREADS];
+  open_trace(path);
+  for (uintptr_t k = 0; k < THREADS; k++) pthread_create(&th[k], NULL, writer_thread, (void *)k);
+  for (int k = 0; k < THREADS; k++) pthread_join(th[k], NULL);
+  pst_trace_close();
+
+  struct trace_read t;
+  assert_true(test_trace_read(path, &t));
+  assert_true(t.stats.clean_end);
+  if (t.error[0]) fail_msg("%s", t.error);
+  assert_int_equal(test_trace_count(&t, PST_REC_STRING), 1);
+  assert_int_equal(test_trace_count(&t, PST_REC_NOTE), 0); /* nothing dropped */
+  uint64_t next[THREADS] = { 0 };
+  uint32_t tid[THREADS] = { 0 };
+  for (size_t i = 0; i < t.n; i++) {
+    const struct pst_record *r = &t.recs[i];
+    if (r->type != PST_REC_LAUNCH) continue;
+    const uint64_t k = r->launch.stream;
+    assert_true(k < THREADS);
+    assert_int_equal(r->launch.seq, next[k]); /* each thread's records in its order */
+    assert_int_equal(r->launch.ptrs[0], next[k]);
+    assert_int_equal(r->launch.ptrs[1], 1000000 + k);
+    if (!tid[k]) tid[k] = r->tid;
+    assert_int_equal(r->tid, tid[k]);
+    next[k]++;
+  }
+  for (int k = 0; k < THREADS; k++) assert_int_equal(next[k], PER_THREAD);
+  test_trace_read_free(&t);
+  unlink(path);
+}
+
+static void test_drops_are_counted(void **state) {
+  (void)state;
+  enum { FLOOD = 200000 };
+  const char *path = test_trace_path("drops");
+  open_trace(path);
+  for (uint64_t i = 0; i < FLOOD; i++)
+    pst_trace_emit(&(struct pst_record){ .type = PST_REC_SAMPLE, .sample = { i, 0, 0, 0 } });
+  pst_trace_close();
+  struct trace_read t;
+  assert_true(test_trace_read(path, &t));
+  const size_t kept = test_trace_count(&t, PST_REC_SAMPLE);
+  const struct pst_record *note = find(&t, PST_REC_NOTE, 0);
+  char text[256];
+  snprintf(text, sizeof text, "%.*s", (int)note->note.len, note->note.text);
+  unsigned long long dropped = 0;
+  assert_int_equal(sscanf(text, "dropped %llu records", &dropped), 1);
+  assert_true(dropped > 0);
+  assert_int_equal(kept + dropped, FLOOD);
+  test_trace_read_free(&t);
+  unlink(path);
+}
+
+static void *one_record(void *arg) {
+  pst_trace_emit(&(struct pst_record){ .type = PST_REC_SYNC, .sync = { 0, (uintptr_t)arg } });
+  return NULL;
+}
+
+/* More short-lived threads than ring slots: exited threads' rings are reused. */
+static void test_ring_reuse(void **state) {
+  (void)state;
+  enum { N = 700 };
+  const char *path = test_trace_path("reuse");
+  open_trace(path);
+  for (uintptr_t i = 0; i < N; i++) {
+    pthread_t th;
+    pthread_create(&th, NULL, one_record, (void *)i);
+    pthread_join(th, NULL);
+    if (i % 50 == 49) pst_trace_flush();
+  }
+  pst_trace_close();
+  struct trace_read t;
+  assert_true(test_trace_read(path, &t));
+  assert_int_equal(test_trace_count(&t, PST_REC_SYNC), N);
+  assert_int_equal(test_trace_count(&t, PST_REC_NOTE), 0);
+  test_trace_read_free(&t);
+  unlink(path);
+}
+
+static void test_fork_child_stops(void **state) {
+  (void)state;
+  const char *path = test_trace_path("parent"), *child_path = test_trace_path("child");
+  open_trace(path);
+  pst_trace_emit(&(struct pst_record){ .type = PST_REC_SYNC, .sync = { 0, 1 } });
+  pid_t pid = fork();
+  if (pid == 0) {
+    /* In the child: tracing is off, its records go nowhere; a trace of its own works. */
+    pst_trace_emit(&(struct pst_record){ .type = PST_REC_SYNC, .sync = { 0, 2 } });
+    int ok = !pst_trace_enabled() && pst_trace_open(child_path, &test_header);
+    pst_trace_emit(&(struct pst_record){ .type = PST_REC_SYNC, .sync = { 0, 3 } });
+    pst_trace_close();
+    _exit(ok ? 0 : 1);
+  }
+  int status;
+  waitpid(pid, &status, 0);
+  assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  pst_trace_emit(&(struct pst_record){ .type = PST_REC_SYNC, .sync = { 0, 4 } });
+  pst_trace_close();
+
+  struct trace_read t;
+  assert_true(test_trace_read(path, &t));
+  assert_int_equal(test_trace_count(&t, PST_REC_SYNC), 2);
+  assert_int_equal(find(&t, PST_REC_SYNC, 0)->sync.stream, 1);
+  assert_int_equal(find(&t, PST_REC_SYNC, 1)->sync.stream, 4);
+  assert_int_equal(t.header.pid, getpid());
+  test_trace_read_free(&t);
+  assert_true(test_trace_read(child_path, &t));
+  assert_int_equal(test_trace_count(&t, PST_REC_SYNC), 1);
+  assert_int_equal(find(&t, PST_REC_SYNC, 0)->sync.stream, 3);
+  assert_int_equal(t.header.pid, pid);
+  test_trace_read_free(&t);
+  unlink(path);
+  unlink(child_path);
+}
+
+static void test_off_and_bad_path(void **state) {
+  (void)state;
+  /* Closed: every call is a cheap no-op. */
+  assert_false(pst_trace_enabled());
+  assert_int_equal(pst_trace_intern("x"), 0);
+  assert_int_equal(pst_trace_stack_here(0), 0);
+  pst_trace_emit(&(struct pst_record){ .type = PST_REC_SYNC });
+  pst_trace_flush();
+  pst_trace_close();
+  assert_false(pst_trace_open("/nonexistent-dir/x.trace", &test_header));
+  assert_false(pst_trace_enabled());
+}
+
+/* A failed assertion leaves the trace open: close it for the next test. */
+static int close_trace(void **state) {
+  (void)state;
+  pst_trace_close();
+  return 0;
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test_teardown(test_every_kind, close_trace),
+    cmocka_unit_test_teardown(test_launch_pointer_cap, close_trace),
+    cmocka_unit_test_teardown(test_stacks_deduped_and_symbolized, close_trace),
+    cmocka_unit_test_teardown(test_threads, close_trace),
+    cmocka_unit_test_teardown(test_drops_are_counted, close_trace),
+    cmocka_unit_test_teardown(test_ring_reuse, close_trace),
+    cmocka_unit_test_teardown(test_fork_child_stops, close_trace),
+    cmocka_unit_test_teardown(test_off_and_bad_path, close_trace),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

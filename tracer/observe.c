@@ -1,0 +1,438 @@
+/* Launch observation through CUPTI's callback API: every kernel launch (cuLaunchKernel,
+ * cuLaunchKernelEx, cooperative launches, their _ptsz forms) has its parameter buffer
+ * scanned for values inside psshim's chunk space; copies and memsets report the ranges
+ * they touch. Consumers: the trace file and the pager's hook.
+ *
+ * CUPTI allows one subscriber per process (torch.profiler, Nsight and psshim compete):
+ * when it is taken or missing, psshim says so once and runs unobserved. */
+#include "allocator/allocator.h"
+#include "shim/shim.h"
+#include "tracer/tracer.h"
+
+#include <cupti.h>
+#include <dlfcn.h>
+#include <link.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static struct {
+  CUptiResult (*subscribe)(CUpti_SubscriberHandle *, CUpti_CallbackFunc, void *);
+  CUptiResult (*enable_callback)(uint32_t, CUpti_SubscriberHandle, CUpti_CallbackDomain, CUpti_CallbackId);
+  CUptiResult (*unsubscribe)(CUpti_SubscriberHandle);
+  CUptiResult (*result_string)(CUptiResult, const char **);
+} cupti;
+
+static CUpti_SubscriberHandle subscriber;
+static pst_launch_fn consumer;
+static void *consumer_user;
+static _Atomic uint64_t launch_seq;
+
+/* ---- parameter layouts, cached per function handle ---- */
+
+struct param_layout {
+  void *func;
+  uint32_t n;
+  uint32_t *offset, *size;
+  struct param_layout *next;
+};
+
+#define LAYOUT_BUCKETS 4096
+static struct param_layout *layouts[LAYOUT_BUCKETS];
+static pthread_mutex_t layouts_lock = PTHREAD_MUTEX_INITIALIZER;
+static CUresult (*kernel_get_param_info)(CUkernel, size_t, size_t *, size_t *);
+
+/* cudart launches library kernels by CUkernel handle cast to CUfunction, so a handle
+ * cuFuncGetParamInfo refuses is asked again as a CUkernel. */
+static CUresult param_info(void *func, size_t i, size_t *off, size_t *size)
+{
+  CUresult r = ps_driver.cuFuncGetParamInfo((CUfunction)func, i, off, size);
+  if (r != CUDA_SUCCESS && kernel_get_param_info)
+    r = kernel_get_param_info((CUkernel)func, i, off, size);
+  return r;
+}
+
+static struct param_layout *layout_of(void *func)
+{
+  size_t b = ((uintptr_t)func >> 4) % LAYOUT_BUCKETS;
+  pthread_mutex_lock(&layouts_lock);
+  struct param_layout *l = layouts[b];
+  while (l && l->func != func)
+    l = l->next;
+  pthread_mutex_unlock(&layouts_lock);
+  if (l)
+    return l;
+  size_t n = 0, off, size;
+  while (n < 4096 && param_info(func, n, &off, &size) == CUDA_SUCCESS)
+    n++;
+  l = calloc(1, sizeof *l);
+  uint32_t *arrays = calloc(2 * (n ? n : 1), sizeof *arrays);
+  if (!l || !arrays) {
+    free(l);
+    free(arrays);
+    return NULL;
+  }
+  l->func = func;
+  l->n = (uint32_t)n;
+  l->offset = arrays;
+  l->size = arrays + n;
+  for (size_t i = 0; i < n; i++)
+    if (param_info(func, i, &off, &size) == CUDA_SUCCESS) {
+      l->offset[i] = (uint32_t)off;
+      l->size[i] = (uint32_t)size;
+    }
+  pthread_mutex_lock(&layouts_lock);
+  l->next = layouts[b];
+  layouts[b] = l;
+  pthread_mutex_unlock(&layouts_lock);
+  return l;
+}
+
+/* ---- scanning ---- */
+
+struct found {
+  uint64_t ptr[PST_LAUNCH_MAX_PTRS];
+  uint32_t n;
+  bool truncated;
+};
+
+static void add_ptr(struct found *f, uint64_t v)
+{
+  uint32_t lo = 0, hi = f->n;
+  while (lo < hi) {
+    uint32_t mid = (lo + hi) / 2;
+    if (f->ptr[mid] < v)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  if (lo < f->n && f->ptr[lo] == v)
+    return;
+  if (f->n == PST_LAUNCH_MAX_PTRS) {
+    f->truncated = true;
+    return;
+  }
+  memmove(&f->ptr[lo + 1], &f->ptr[lo], (f->n - lo) * sizeof f->ptr[0]);
+  f->ptr[lo] = v;
+  f->n++;
+}
+
+/* Every 8-byte value at a 4-byte step: pointers inside structs passed by value, packed
+ * ones included, are found wherever the compiler put them. */
+static void scan_bytes(struct found *f, const unsigned char *p, size_t len)
+{
+  for (size_t at = 0; at + 8 <= len; at += 4) {
+    uint64_t v;
+    memcpy(&v, p + at, sizeof v);
+    if (psa_owns((CUdeviceptr)v))
+      add_ptr(f, v);
+  }
+}
+
+static void scan_launch(struct found *f, void *func, void **params, void **extra)
+{
+  if (params) {
+    struct param_layout *l = layout_of(func);
+    for (uint32_t i = 0; l && i < l->n; i++)
+      if (params[i])
+        scan_bytes(f, params[i], l->size[i]);
+  }
+  for (size_t i = 0; extra && extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+    if (extra[i] != CU_LAUNCH_PARAM_BUFFER_POINTER)
+      continue;
+    const void *buf = extra[i + 1];
+    size_t len = 0;
+    for (size_t j = 0; extra[j] != CU_LAUNCH_PARAM_END; j += 2)
+      if (extra[j] == CU_LAUNCH_PARAM_BUFFER_SIZE)
+        len = *(size_t *)extra[j + 1];
+    if (buf)
+      scan_bytes(f, buf, len);
+  }
+}
+
+/* ---- transfers: every copy and memset parameter struct CUPTI hands over starts with
+ * (destination, source or value, count[, stream]) in 8-byte slots ---- */
+
+struct transfer_params {
+  uint64_t dst, src;
+  size_t count;
+  CUstream stream;
+};
+_Static_assert(offsetof(cuMemsetD32Async_params, N) == offsetof(struct transfer_params, count), "memset layout");
+_Static_assert(offsetof(cuMemcpyHtoDAsync_v2_params, hStream) == offsetof(struct transfer_params, stream), "copy layout");
+
+enum { T_ANY, T_H2D, T_D2H, T_D2D, T_SET8, T_SET32 };
+struct transfer_kind {
+  CUpti_CallbackId cbid;
+  uint8_t kind;
+  bool has_stream;
+};
+
+static const struct transfer_kind transfers[] = {
+    {CUPTI_DRIVER_TRACE_CBID_cuMemcpy, T_ANY, false},
+    {CUPTI_DRIVER_TRACE_CBID_cuMemcpy_ptds, T_ANY, false},
+    {CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync, T_ANY, true},
+    {CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync_ptsz, T_ANY, true},
+    {CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoD_v2, T_H2D, false},
+    {CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoD_v2_ptds, T_H2D, false},
+    {CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoDAsync_v2, T_H2D, true},
+    {CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoDAsync_v2_ptsz, T_H2D, true},
+    {CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoH_v2, T_D2H, false},
+    {CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoH_v2_ptds, T_D2H, false},
+    {CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoHAsync_v2, T_D2H, true},
+    {CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoHAsync_v2_ptsz, T_D2H, true},
+    {CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoD_v2, T_D2D, false},
+    {CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoD_v2_ptds, T_D2D, false},
+    {CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoDAsync_v2, T_D2D, true},
+    {CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoDAsync_v2_ptsz, T_D2D, true},
+    {CUPTI_DRIVER_TRACE_CBID_cuMemsetD8_v2, T_SET8, false},
+    {CUPTI_DRIVER_TRACE_CBID_cuMemsetD8_v2_ptds, T_SET8, false},
+    {CUPTI_DRIVER_TRACE_CBID_cuMemsetD8Async, T_SET8, true},
+    {CUPTI_DRIVER_TRACE_CBID_cuMemsetD8Async_ptsz, T_SET8, true},
+    {CUPTI_DRIVER_TRACE_CBID_cuMemsetD32_v2, T_SET32, false},
+    {CUPTI_DRIVER_TRACE_CBID_cuMemsetD32_v2_ptds, T_SET32, false},
+    {CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async, T_SET32, true},
+    {CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async_ptsz, T_SET32, true},
+};
+
+static const CUpti_CallbackId launches[] = {
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel,        CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx,      CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel, CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch,         CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz,
+};
+
+static const struct transfer_kind *transfer_of(CUpti_CallbackId cbid)
+{
+  for (size_t i = 0; i < sizeof transfers / sizeof transfers[0]; i++)
+    if (transfers[i].cbid == cbid)
+      return &transfers[i];
+  return NULL;
+}
+
+static uint32_t copy_kind(const struct transfer_kind *t, const struct transfer_params *p)
+{
+  switch (t->kind) {
+  case T_H2D: return PST_COPY_H2D;
+  case T_D2H: return PST_COPY_D2H;
+  case T_D2D: return PST_COPY_D2D;
+  case T_SET8: case T_SET32: return PST_COPY_MEMSET;
+  default: /* unified addresses: judge by which side psshim holds */
+    if (psa_owns(p->dst) && !psa_owns(p->src))
+      return PST_COPY_H2D;
+    if (psa_owns(p->src) && !psa_owns(p->dst))
+      return PST_COPY_D2H;
+    return PST_COPY_D2D;
+  }
+}
+
+/* The enter callback's findings, kept for the exit callback of the same call. */
+static _Thread_local struct found tls_found;
+static _Thread_local struct pst_launch tls_launch;
+
+static void on_launch(CUpti_CallbackId cbid, const CUpti_CallbackData *cb, struct pst_launch *l, struct found *f)
+{
+  void *func = NULL, **params = NULL, **extra = NULL;
+  CUstream stream = NULL;
+  switch (cbid) {
+  case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel:
+  case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz: {
+    const cuLaunchKernel_params *p = cb->functionParams;
+    func = p->f, params = p->kernelParams, extra = p->extra, stream = p->hStream;
+    break;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx:
+  case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz: {
+    const cuLaunchKernelEx_params *p = cb->functionParams;
+    func = p->f, params = p->kernelParams, extra = p->extra, stream = p->config ? p->config->hStream : NULL;
+    break;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel:
+  case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz: {
+    const cuLaunchCooperativeKernel_params *p = cb->functionParams;
+    func = p->f, params = p->kernelParams, stream = p->hStream;
+    break;
+  }
+  default: { /* graph launches: the graph's kernels are not visible here; seen as one moment */
+    const cuGraphLaunch_params *p = cb->functionParams;
+    stream = p->hStream;
+    break;
+  }
+  }
+  if (func)
+    scan_launch(f, func, params, extra);
+  l->kind = PST_MOMENT_KERNEL;
+  l->stream = (uint64_t)(uintptr_t)stream;
+  l->name = cb->symbolName;
+  l->signature = (uint64_t)(uintptr_t)func * 0x9E3779B97F4A7C15ull;
+}
+
+static void on_transfer(const struct transfer_kind *t, const CUpti_CallbackData *cb, struct pst_launch *l,
+                        struct found *f)
+{
+  const struct transfer_params *p = cb->functionParams;
+  size_t bytes = p->count * (t->kind == T_SET32 ? 4 : 1);
+  l->kind = t->kind == T_SET8 || t->kind == T_SET32 ? PST_MOMENT_MEMSET : PST_MOMENT_COPY;
+  l->stream = t->has_stream ? (uint64_t)(uintptr_t)p->stream : 0;
+  l->name = cb->functionName;
+  l->bytes = bytes;
+  l->copy_kind = copy_kind(t, p);
+  l->signature = (uint64_t)t->cbid * 0xC2B2AE3D27D4EB4Full ^ bytes;
+  if (psa_owns(p->dst))
+    add_ptr(f, p->dst);
+  if (l->kind == PST_MOMENT_COPY && psa_owns(p->src))
+    add_ptr(f, p->src);
+  l->dst = p->dst;
+  l->src = l->kind == PST_MOMENT_COPY ? p->src : 0;
+}
+
+static void trace_moment(const struct pst_launch *l, bool truncated)
+{
+  struct pst_record r = {0};
+  if (l->kind == PST_MOMENT_KERNEL) {
+    r.type = PST_REC_LAUNCH;
+    r.flags = truncated ? PST_RF_TRUNCATED : 0;
+    r.launch.stream = l->stream;
+    r.launch.seq = l->seq;
+    r.launch.function = l->name ? pst_trace_intern(l->name) : 0;
+    r.launch.n = l->nptrs;
+    r.launch.ptrs = l->ptrs;
+  } else {
+    r.type = PST_REC_COPY;
+    r.copy.kind = l->copy_kind;
+    r.copy.bytes = l->bytes;
+    r.copy.src = l->src;
+    r.copy.dst = l->dst;
+    r.copy.stream = l->stream;
+  }
+  pst_trace_emit(&r);
+}
+
+static void CUPTIAPI on_api(void *user, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void *data)
+{
+  (void)user;
+  const CUpti_CallbackData *cb = data;
+  if (domain != CUPTI_CB_DOMAIN_DRIVER_API)
+    return;
+  bool enter = cb->callbackSite == CUPTI_API_ENTER;
+  struct pst_launch *l = &tls_launch;
+  struct found *f = &tls_found;
+  if (enter) {
+    memset(l, 0, sizeof *l);
+    f->n = 0;
+    f->truncated = false;
+    const struct transfer_kind *t = transfer_of(cbid);
+    if (t)
+      on_transfer(t, cb, l, f);
+    else
+      on_launch(cbid, cb, l, f);
+    l->seq = atomic_fetch_add_explicit(&launch_seq, 1, memory_order_relaxed);
+    l->ptrs = f->ptr;
+    l->nptrs = f->n;
+    if (pst_trace_enabled())
+      trace_moment(l, f->truncated);
+  } else if (cb->functionReturnValue && *(const CUresult *)cb->functionReturnValue != CUDA_SUCCESS) {
+    l->failed = true;
+  }
+  if (consumer)
+    consumer(l, enter, consumer_user);
+}
+
+/* ---- finding and loading CUPTI ---- */
+
+static int find_cudart_dir(struct dl_phdr_info *info, size_t size, void *out)
+{
+  (void)size;
+  const char *slash = strrchr(info->dlpi_name, '/');
+  if (slash && strstr(slash, "libcudart.so")) {
+    snprintf(out, 4096, "%.*s", (int)(slash - info->dlpi_name), info->dlpi_name);
+    return 1;
+  }
+  return 0;
+}
+
+static void *open_cupti(void)
+{
+  if (ps_options.cupti_path)
+    return dlopen(ps_options.cupti_path, RTLD_NOW | RTLD_LOCAL);
+  void *lib = dlopen("libcupti.so.13", RTLD_NOW | RTLD_LOCAL);
+  if (lib)
+    return lib;
+  /* Next to the framework's CUDA libraries (pip's nvidia/cu13/lib), then the toolkit. */
+  char dir[4096] = "", path[4200];
+  if (dl_iterate_phdr(find_cudart_dir, dir)) {
+    const char *rel[] = {"libcupti.so.13", "../../cuda_cupti/lib/libcupti.so.13", "../extras/CUPTI/lib64/libcupti.so.13"};
+    for (size_t i = 0; !lib && i < sizeof rel / sizeof rel[0]; i++) {
+      snprintf(path, sizeof path, "%s/%s", dir, rel[i]);
+      lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    }
+  }
+  const char *toolkit[] = {"/usr/local/cuda/extras/CUPTI/lib64/libcupti.so.13", "/usr/local/cuda/lib64/libcupti.so.13"};
+  for (size_t i = 0; !lib && i < sizeof toolkit / sizeof toolkit[0]; i++)
+    lib = dlopen(toolkit[i], RTLD_NOW | RTLD_LOCAL);
+  return lib;
+}
+
+static void trace_note(const char *text)
+{
+  if (!pst_trace_enabled())
+    return;
+  struct pst_record r = {.type = PST_REC_NOTE, .note = {.len = 0, .text = text}};
+  pst_trace_emit(&r);
+}
+
+static const char *cupti_error(CUptiResult r)
+{
+  const char *s = NULL;
+  if (cupti.result_string)
+    cupti.result_string(r, &s);
+  return s ? s : "unknown CUPTI error";
+}
+
+bool pst_observe_start(pst_launch_fn fn, void *user)
+{
+  if (subscriber)
+    return true;
+  void *lib = open_cupti();
+  if (!lib) {
+    ps_log(PS_LOG_WARN, "CUPTI not found (set PSSHIM_CUPTI): kernel launches are not observed");
+    trace_note("CUPTI unavailable: launches not observed");
+    return false;
+  }
+  cupti.subscribe = (__typeof__(cupti.subscribe))ps_real_dlsym(lib, "cuptiSubscribe");
+  cupti.enable_callback = (__typeof__(cupti.enable_callback))ps_real_dlsym(lib, "cuptiEnableCallback");
+  cupti.unsubscribe = (__typeof__(cupti.unsubscribe))ps_real_dlsym(lib, "cuptiUnsubscribe");
+  cupti.result_string = (__typeof__(cupti.result_string))ps_real_dlsym(lib, "cuptiGetResultString");
+  if (!cupti.subscribe || !cupti.enable_callback || !cupti.unsubscribe) {
+    ps_log(PS_LOG_WARN, "CUPTI lacks the callback API: kernel launches are not observed");
+    return false;
+  }
+  kernel_get_param_info = (__typeof__(kernel_get_param_info))ps_driver_symbol("cuKernelGetParamInfo");
+  consumer = fn;
+  consumer_user = user;
+  CUptiResult r = cupti.subscribe(&subscriber, (CUpti_CallbackFunc)on_api, NULL);
+  if (r != CUPTI_SUCCESS) {
+    subscriber = NULL;
+    ps_log(PS_LOG_WARN, "CUPTI is taken (%s; a profiler holds it?): kernel launches are not observed",
+           cupti_error(r));
+    trace_note("CUPTI taken by another subscriber: launches not observed");
+    return false;
+  }
+  for (size_t i = 0; i < sizeof launches / sizeof launches[0]; i++)
+    cupti.enable_callback(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, launches[i]);
+  for (size_t i = 0; i < sizeof transfers / sizeof transfers[0]; i++)
+    cupti.enable_callback(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, transfers[i].cbid);
+  return true;
+}
+
+void pst_observe_stop(void)
+{
+  if (!subscriber)
+    return;
+  cupti.unsubscribe(subscriber);
+  subscriber = NULL;
+}
+
+uint64_t pst_observe_moments(void) { return atomic_load(&launch_seq); }
