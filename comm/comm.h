@@ -1,0 +1,119 @@
+/* comm/ — psshim's communication among the ranks of one node.
+ *
+ * Replicated chunks (parameters, optimizer state that DDP keeps identical on every rank)
+ * are kept on host once per node: each of the node's N ranks holds 1/N of such a chunk's
+ * host copy, and a page-in copies its own shard host->device, then all-gathers the rest in
+ * place. The group is the ranks of one node (LOCAL_RANK of LOCAL_WORLD_SIZE): a multi-node
+ * job forms one independent group per node and nothing crosses nodes (comm/README.md).
+ *
+ * The ranks meet in a POSIX shared-memory segment named from the job (rendezvous,
+ * configuration agreement, pinned-host accounting) and talk through an NCCL communicator
+ * of psshim's own, never the framework's; NCCL is loaded with dlopen("libnccl.so.2")
+ * (PSSHIM_NCCL overrides the path) only when a group forms.
+ *
+ * Every failure reports one line through the error sink ("psshim: ..." on stderr unless
+ * psc_set_error_sink says otherwise) and returns false. Every wait is bounded by
+ * PSSHIM_COMM_TIMEOUT_S (seconds, default 120) and ends early when a peer's process is
+ * gone. One thread at a time drives comm (the allocator's lock); psc_host_release is the
+ * exception and may be called from any thread. */
+#ifndef PSSHIM_COMM_H
+#define PSSHIM_COMM_H
+
+#include <cuda.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- errors ---- */
+/* Where failure lines go (without the "psshim: " prefix); NULL restores stderr. */
+void psc_set_error_sink(void (*sink)(const char *line));
+
+/* ---- where this process sits (torchrun's variables) ---- */
+struct psc_ranks {
+  int rank, world_size;             /* RANK, WORLD_SIZE */
+  int local_rank, local_world_size; /* LOCAL_RANK, LOCAL_WORLD_SIZE: psshim's group */
+  int node_rank;                    /* GROUP_RANK, else NODE_RANK, else 0 */
+  double timeout_s;                 /* PSSHIM_COMM_TIMEOUT_S */
+  char job_key[256];                /* names the node segment: see psc_ranks_read */
+};
+enum psc_found { PSC_ALONE = 0, PSC_GROUP = 1, PSC_BAD = -1 };
+/* PSC_ALONE when WORLD_SIZE is unset or 1 (one getenv, nothing else) or this rank is alone
+ * on its node; PSC_GROUP with *r filled; PSC_BAD after one line naming the variable. The job
+ * key is TORCHELASTIC_RUN_ID when set, else MASTER_ADDR:MASTER_PORT, plus the uid and the
+ * node rank (two nodes simulated on one host must not meet). */
+enum psc_found psc_ranks_read(struct psc_ranks *r);
+
+/* ---- configuration every rank of the node must share ---- */
+struct psc_config {
+  uint64_t chunk_size;  /* PSSHIM_CHUNK_SIZE, bytes */
+  uint64_t gpu_budget;  /* PSSHIM_GPU_BUDGET, bytes as resolved */
+  uint64_t host_budget; /* PSSHIM_HOST_BUDGET, bytes: the node's total for psc_host_reserve
+                           (0: no node-wide limit) */
+  char policy[16];      /* PSSHIM_POLICY */
+};
+/* Compares records[0..n) (index = local rank). True if all agree; else writes into line
+ * e.g. "rank 1 has PSSHIM_CHUNK_SIZE=32M but rank 0 has 64M" (first differing rank, first
+ * differing field). */
+bool psc_check_config(const struct psc_config *records, int n, char *line, size_t len);
+
+/* ---- shard geometry: rank r of n holds [offset, offset + len) of every replicated chunk ---- */
+struct psc_shard {
+  uint64_t offset, len;
+};
+/* True if chunk_size splits into n equal shards whose length is a multiple of align (0 =
+ * 256 bytes; pass the host frame granularity to keep shards mappable); else one line saying
+ * which multiple chunk sizes must be. */
+bool psc_shard_check(uint64_t chunk_size, int n, uint64_t align);
+struct psc_shard psc_shard_of(uint64_t chunk_size, int n, int rank);
+
+/* ---- the node group ---- */
+/* Reads the ranks; if alone, returns PSC_ALONE having touched nothing else. Otherwise meets
+ * the node's other ranks (rank 0 creates the segment), exchanges configurations and refuses
+ * a mismatch (psc_check_config) or a chunk size that does not shard (psc_shard_check with
+ * shard_align). Needs no CUDA. */
+enum psc_found psc_node_join(const struct psc_config *cfg, uint64_t shard_align);
+/* This rank in the group, and the group's size (1 when alone). */
+int psc_rank(void);
+int psc_nranks(void);
+/* Host-side barrier of the node's ranks. */
+bool psc_barrier(void);
+/* Every rank passes the hash of its allocation sequence up to the first iteration
+ * boundary; false, with a line naming the first rank that differs from rank 0, if they
+ * differ. */
+bool psc_check_alloc_hash(uint64_t hash);
+/* Destroys the communicator (if any) and leaves the group; the last rank out removes the
+ * segment. */
+void psc_node_leave(void);
+
+/* ---- pinned host memory shared by the node's ranks ---- */
+/* Reserves bytes of the node's PSSHIM_HOST_BUDGET for this rank: false (nothing reserved)
+ * if the ranks together would exceed it once the bytes of dead ranks are reclaimed. Alone,
+ * always true: the allocator's own budget is the only limit. */
+bool psc_host_reserve(uint64_t bytes);
+void psc_host_release(uint64_t bytes);
+/* Bytes reserved by the node's ranks (a dead rank's until a reservation reclaims them);
+ * 0 when alone. */
+uint64_t psc_host_reserved(void);
+
+/* ---- the NCCL communicator (after psc_node_join returned PSC_GROUP) ---- */
+/* Loads NCCL, takes rank 0's unique id through the segment and builds the communicator on
+ * the current CUDA context's device. stream_query (the driver's cuStreamQuery) lets
+ * psc_stream_wait poll instead of block. */
+bool psc_comm_init(CUresult (*stream_query)(CUstream));
+/* Enqueue on stream; buffers are device addresses of this rank's GPU. A false return means
+ * the communicator is aborted and every later call fails at once. */
+/* buf holds bytes; this rank's shard (psc_shard_of geometry: offset rank*bytes/n) is in
+ * place; afterwards the whole buf is. */
+bool psc_allgather_inplace(CUdeviceptr buf, size_t bytes, CUstream stream);
+/* mins and maxs both hold this rank's count u64 checksums; afterwards mins holds the
+ * minimum and maxs the maximum over the ranks. Checksum i is replicated on every rank iff
+ * mins[i] == maxs[i]. */
+bool psc_checksums_minmax(CUdeviceptr mins, CUdeviceptr maxs, size_t count, CUstream stream);
+/* bytes at buf on rank root are copied to buf on every rank. */
+bool psc_broadcast(CUdeviceptr buf, size_t bytes, int root, CUstream stream);
+/* Waits for stream with the timeout, watching NCCL's asynchronous errors and the peers'
+ * processes; on failure aborts the communicator so stuck kernels end. Use it for every host
+ * wait on work that includes a collective. */
+bool psc_stream_wait(CUstream stream);
+
+#endif

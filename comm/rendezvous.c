@@ -1,0 +1,178 @@
+/* The node segment: rank 0 creates it under a name hashed from the job key, the other
+ * ranks open it and claim their slots. The name stays while the job runs, so a process that
+ * inherited a rank's environment (a spawned helper) finds its slot taken at once instead of
+ * waiting out the timeout; the last rank out removes it. A segment left by a crashed run
+ * (its creator gone) is replaced by the next rank 0 and ignored by the others. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "comm/node.h"
+
+/* How long a segment may sit half-made before it is taken for a creator that died. */
+#define PSC_HALF_MADE_S 1.0
+
+void psc_segment_name(const char *job_key, char name[48]) {
+  uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a: names must be short, keys may be long */
+  for (const char *p = job_key; *p; p++) h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+  snprintf(name, 48, "/psshim-%016llx", (unsigned long long)h);
+}
+
+static struct psc_node *map_fd(int fd) {
+  void *p = mmap(NULL, sizeof(struct psc_node), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  return p == MAP_FAILED ? NULL : p;
+}
+
+static void unmap(struct psc_node *node) { munmap(node, sizeof *node); }
+
+/* Opens an existing segment once it is whole: NULL if absent, too small or not yet marked
+ * ready within `patience` seconds. *foreign is set when it was made by another layout. */
+static struct psc_node *open_existing(const char *name, double patience, uint64_t *foreign) {
+  double until = psg_now() + patience;
+  unsigned round = 0;
+  for (;;) {
+    int fd = shm_open(name, O_RDWR, 0600);
+    if (fd < 0) return NULL;
+    struct stat st;
+    if (fstat(fd, &st) == 0 && st.st_size >= (off_t)sizeof(struct psc_node)) {
+      struct psc_node *node = map_fd(fd);
+      if (!node) return NULL;
+      uint64_t magic = atomic_load_explicit(&node->magic, memory_order_acquire);
+      if (magic == PSC_NODE_MAGIC) return node;
+      if (magic != 0) {
+        *foreign = magic;
+        unmap(node);
+        return NULL;
+      }
+      unmap(node);
+    } else {
+      close(fd);
+    }
+    if (psg_now() >= until) return NULL;
+    psg_backoff(&round);
+  }
+}
+
+static bool foreign_layout(uint64_t magic) {
+  psc_errorf("the node segment was made by a different psshim build (layout %llu, this one %u): "
+             "every rank must preload the same libpsshim.so",
+             (unsigned long long)(magic & 0xff), PSC_NODE_LAYOUT);
+  return false;
+}
+
+static void init_node(struct psc_node *node, const struct psc_ranks *r) {
+  node->creator = psc_proc_self();
+  node->nranks = r->local_world_size;
+  pthread_mutexattr_t a;
+  pthread_mutexattr_init(&a);
+  pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+  pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+  pthread_mutex_init(&node->host_lock, &a);
+  pthread_mutexattr_destroy(&a);
+  psg_init(&node->group, r->local_world_size);
+  atomic_store_explicit(&node->magic, PSC_NODE_MAGIC, memory_order_release);
+}
+
+/* Rank 0: a fresh segment, replacing a stale one; refuses if a live rank 0 holds it. */
+static struct psc_node *create(const char *name, const struct psc_ranks *r) {
+  for (int attempt = 0; attempt < 3; attempt++) {
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd >= 0) {
+      if (ftruncate(fd, sizeof(struct psc_node)) != 0) {
+        psc_errorf("cannot size the node segment %s: %s", name, strerror(errno));
+        close(fd);
+        shm_unlink(name);
+        return NULL;
+      }
+      struct psc_node *node = map_fd(fd);
+      if (!node) {
+        psc_errorf("cannot map the node segment %s: %s", name, strerror(errno));
+        shm_unlink(name);
+        return NULL;
+      }
+      init_node(node, r);
+      return node;
+    }
+    if (errno != EEXIST) {
+      psc_errorf("cannot create the node segment %s: %s", name, strerror(errno));
+      return NULL;
+    }
+    uint64_t foreign = 0;
+    struct psc_node *old = open_existing(name, PSC_HALF_MADE_S, &foreign);
+    if (old && psc_proc_alive(old->creator.pid, old->creator.start)) {
+      psc_errorf("LOCAL_RANK=0 of this job is already pid %d (segment %s): is this process a "
+                 "helper that inherited a rank's environment?", (int)old->creator.pid, name);
+      unmap(old);
+      return NULL;
+    }
+    if (old) unmap(old);
+    shm_unlink(name); /* stale: its rank 0 is gone */
+  }
+  psc_errorf("cannot create the node segment %s: another process keeps recreating it", name);
+  return NULL;
+}
+
+/* Other ranks: wait for rank 0's live segment. */
+static struct psc_node *attach(const char *name, const struct psc_ranks *r) {
+  double until = psg_now() + r->timeout_s;
+  unsigned round = 0;
+  for (;;) {
+    uint64_t foreign = 0;
+    struct psc_node *node = open_existing(name, 0, &foreign);
+    if (foreign) {
+      foreign_layout(foreign);
+      return NULL;
+    }
+    if (node) {
+      if (psc_proc_alive(node->creator.pid, node->creator.start)) return node;
+      unmap(node); /* a crashed run's: rank 0 will replace it */
+    }
+    if (psg_now() >= until) {
+      psc_errorf("rank 0 did not open psshim's node group (segment %s) within %gs "
+                 "(PSSHIM_COMM_TIMEOUT_S)", name, r->timeout_s);
+      return NULL;
+    }
+    psg_backoff(&round);
+  }
+}
+
+bool psc_rendezvous_open(const struct psc_ranks *r) {
+  char name[48];
+  psc_segment_name(r->job_key, name);
+  struct psc_node *node = r->local_rank == 0 ? create(name, r) : attach(name, r);
+  if (!node) return false;
+  if (node->nranks != r->local_world_size) {
+    psc_errorf("rank %d has LOCAL_WORLD_SIZE=%d but rank 0 has %d", r->local_rank,
+               r->local_world_size, node->nranks);
+    unmap(node);
+    return false;
+  }
+  int32_t holder;
+  bool holder_alive;
+  if (!psg_claim(&node->group, r->local_rank, &holder, &holder_alive)) {
+    if (holder_alive)
+      psc_errorf("LOCAL_RANK=%d of this job is already pid %d: is this process a helper that "
+                 "inherited a rank's environment?", r->local_rank, (int)holder);
+    else
+      psc_errorf("LOCAL_RANK=%d of this job was pid %d, which died: psshim's node group cannot "
+                 "be rejoined", r->local_rank, (int)holder);
+    unmap(node);
+    return false;
+  }
+  psc_state.node = node;
+  memcpy(psc_state.shm_name, name, sizeof name);
+  return true;
+}
+
+void psc_rendezvous_close(void) {
+  struct psc_node *node = psc_state.node;
+  if (!node) return;
+  if (psg_leave(&node->group, psc_state.ranks.local_rank)) shm_unlink(psc_state.shm_name);
+  unmap(node);
+  psc_state.node = NULL;
+}
