@@ -1,0 +1,79 @@
+/* fakecuda — a stand-in CUDA stack on host memory, so psshim's allocator, tracer and
+ * shim run on a machine without a GPU (see DESIGN.md, "Testing without a GPU").
+ *
+ * libcuda.so.1 (this header's functions plus the driver subset psshim uses),
+ * libcupti.so.13 and libcudart.so.13 are built in tests/fakecuda/; a test program
+ * links or dlopens them through LD_LIBRARY_PATH (meson: fakecuda_env).
+ *
+ * Model: device memory is host memory. A VA reservation is an mmap(PROT_NONE); a
+ * frame (cuMemCreate) is a memfd; cuMemMap maps it MAP_FIXED|MAP_SHARED but keeps it
+ * PROT_NONE until cuMemSetAccess; cuMemUnmap turns the range back to anonymous
+ * PROT_NONE. So any touch of an unmapped chunk — by the host or by a "kernel" — dies
+ * by SIGSEGV, as a GPU fault kills a real job. Each stream is a worker thread running
+ * its operations in order; the legacy NULL stream synchronises with the blocking
+ * streams as CUDA's does.
+ *
+ * Environment, read once at cuInit:
+ *   FAKECUDA_DEVICE_MEM      device capacity per device, bytes (K/M/G/T suffix), default 1G
+ *   FAKECUDA_HOST_MEM        capacity for HOST/HOST_NUMA frames, default 4G
+ *   FAKECUDA_DEVICE_COUNT    number of devices, default 1 (0 makes cuInit fail NO_DEVICE)
+ *   FAKECUDA_COPY_DELAY_US   each copy/memset sleeps this long on its stream before it runs
+ *   FAKECUDA_EVENT_DELAY_US  each event record completes this long after its stream reaches it
+ *   FAKECUDA_KERNEL_DELAY_US each kernel sleeps this long on its stream before it runs
+ * A malformed value makes cuInit print one line and return CUDA_ERROR_INVALID_VALUE. */
+#ifndef FAKECUDA_H
+#define FAKECUDA_H
+
+#include <cuda.h>
+#include <stddef.h>
+
+#define FAKECUDA_API __attribute__((visibility("default")))
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A "kernel": runs once per launch on the launching stream's worker thread.
+ * args[i] points at parameter i inside the launch's own copy of the parameter buffer. */
+typedef void (*fakecuda_kernel_fn)(void **args, void *user);
+
+/* Registers fn as a kernel with nparams parameters of the given sizes. Offsets follow
+ * C layout: each parameter is aligned to min(size, 8) rounded down to a power of two.
+ * Returns NULL on a bad argument or out of memory. Kernels live until the process ends.
+ * cuFuncGetParamInfo, cuFuncGetName and both cuLaunchKernel forms work on the result. */
+FAKECUDA_API CUfunction fakecuda_register_kernel(const char *name, fakecuda_kernel_fn fn,
+                                                 void *user, size_t nparams,
+                                                 const size_t *param_sizes);
+/* The same with explicit offsets, for layouts the rule above does not give (a 12-byte
+ * struct of ints is 4-aligned in C). Offsets must not overlap. */
+FAKECUDA_API CUfunction fakecuda_register_kernel_layout(const char *name, fakecuda_kernel_fn fn,
+                                                        void *user, size_t nparams,
+                                                        const size_t *param_sizes,
+                                                        const size_t *param_offsets);
+
+/* API hook: cb runs at the enter (site 0) and exit (site 1) of every driver entry
+ * point fakecuda implements that has a CUPTI callback id (launches, copies, memsets,
+ * allocation, VMM, streams, events, contexts ...). cbid is the
+ * CUPTI_DRIVER_TRACE_CBID_* value, name the exported name ("cuMemcpyHtoDAsync_v2"),
+ * params the CUPTI parameter struct (cuLaunchKernel_params ..., from cupti.h's
+ * generated_cuda_meta.h; NULL for functions without arguments) and result the call's
+ * CUresult (CUDA_SUCCESS at enter). Driver calls made from inside cb are not reported.
+ * NULL removes the hook. The fake libcupti uses a separate slot, so both can be set. */
+typedef void (*fakecuda_api_callback)(int cbid, int site, const char *name, const void *params,
+                                      CUresult *result, void *user);
+FAKECUDA_API void fakecuda_set_api_callback(fakecuda_api_callback cb, void *user);
+/* The slot the fake libcupti uses; tests use fakecuda_set_api_callback. */
+FAKECUDA_API void fakecuda_set_cupti_callback(fakecuda_api_callback cb, void *user);
+
+/* Changes the FAKECUDA_*_DELAY_US values at run time (for tests that need several). */
+FAKECUDA_API void fakecuda_set_delays(unsigned copy_us, unsigned event_us, unsigned kernel_us);
+
+/* Bytes charged now against device dev's capacity (dev >= 0) or the host-frame
+ * capacity (dev == -1): what cuMemGetInfo subtracts. */
+FAKECUDA_API size_t fakecuda_used_bytes(int dev);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

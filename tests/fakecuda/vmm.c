@@ -1,0 +1,416 @@
+/* The virtual memory management API on host memory:
+ *   reservation  = anonymous mmap(PROT_NONE), aligned as asked;
+ *   frame        = memfd of the frame's size, charged to its device or to the host budget;
+ *   cuMemMap     = mmap(MAP_FIXED|MAP_SHARED) of the memfd, still PROT_NONE (as on CUDA,
+ *                  a mapping is inaccessible until cuMemSetAccess);
+ *   cuMemSetAccess = mprotect;
+ *   cuMemUnmap   = back to anonymous PROT_NONE, so a touch of an unmapped chunk faults.
+ * Data lives in the memfd, so it survives unmap and remap at another address, and a
+ * frame can be mapped at two addresses at once (psshim's staging mapping).
+ * A frame is freed (and uncharged) when its handle is released and its last mapping
+ * is gone, as on CUDA. Everything here is under fc_mem_mu. */
+#include <errno.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "fakecuda_internal.h"
+
+#ifndef MAP_FIXED_NOREPLACE
+#define MAP_FIXED_NOREPLACE 0x100000
+#endif
+
+struct fc_frame {
+  int fd;
+  size_t size;
+  int dev; /* FC_HOST for HOST / HOST_NUMA frames */
+  CUmemAllocationProp prop;
+  int handle_refs; /* cuMemCreate + cuMemRetainAllocationHandle - cuMemRelease */
+  int refs;        /* handle_refs > 0 counts one, plus one per mapping */
+};
+struct fc_piece { /* one cuMemMap */
+  CUdeviceptr va;
+  size_t size;
+  struct fc_frame *frame;
+  unsigned long long access; /* CU_MEM_ACCESS_FLAGS_* */
+  struct fc_piece *next;
+};
+struct fc_reservation {
+  CUdeviceptr base;
+  size_t size;
+  struct fc_piece *pieces;
+  struct fc_reservation *next;
+};
+static struct fc_reservation *reservations;
+static struct fc_handles frames = FC_HANDLES_INIT; /* frames whose handle is not released */
+
+#define G FC_GRANULARITY
+
+static void frame_unref(struct fc_frame *f) {
+  if (--f->refs > 0) return;
+  close(f->fd);
+  fc_uncharge(f->dev, f->size);
+  free(f);
+}
+
+static struct fc_reservation *find_reservation(CUdeviceptr p, size_t n) {
+  for (struct fc_reservation *r = reservations; r; r = r->next)
+    if (p >= r->base && p - r->base < r->size && n <= r->size - (p - r->base)) return r;
+  return NULL;
+}
+
+bool fc_vmm_reserved(CUdeviceptr p, size_t n) {
+  pthread_mutex_lock(&fc_mem_mu);
+  bool ok = find_reservation(p, n) != NULL;
+  pthread_mutex_unlock(&fc_mem_mu);
+  return ok;
+}
+
+bool fc_vmm_lookup(CUdeviceptr p, struct fc_ptr_info *info) {
+  bool found = false;
+  pthread_mutex_lock(&fc_mem_mu);
+  struct fc_reservation *r = find_reservation(p, 1);
+  if (r) {
+    found = true;
+    *info = (struct fc_ptr_info){r->base, r->size, FC_HOST, false};
+    for (struct fc_piece *m = r->pieces; m; m = m->next)
+      if (p >= m->va && p - m->va < m->size) *info = (struct fc_ptr_info){m->va, m->size, m->frame->dev, true};
+  }
+  pthread_mutex_unlock(&fc_mem_mu);
+  return found;
+}
+
+/* Where a frame may live: a device, or the host (HOST, HOST_NUMA node 0, HOST_NUMA_CURRENT). */
+static CUresult location_dev(const CUmemLocation *loc, int *dev) {
+  switch (loc->type) {
+    case CU_MEM_LOCATION_TYPE_DEVICE:
+      if (loc->id < 0 || loc->id >= fc_cfg.device_count) return CUDA_ERROR_INVALID_DEVICE;
+      *dev = loc->id;
+      return CUDA_SUCCESS;
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+      if (loc->id != 0) return CUDA_ERROR_INVALID_VALUE; /* one NUMA node */
+      /* fall through */
+    case CU_MEM_LOCATION_TYPE_HOST:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
+      *dev = FC_HOST;
+      return CUDA_SUCCESS;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+/* ---- address reservations ---- */
+static CUresult address_reserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                                unsigned long long flags) {
+  CUresult r = fc_check_init();
+  if (r != CUDA_SUCCESS) return r;
+  if (!ptr || size == 0 || size % G || flags || (alignment & (alignment - 1))) return CUDA_ERROR_INVALID_VALUE;
+  if (alignment < G) alignment = G;
+  struct fc_reservation *res = malloc(sizeof *res);
+  if (!res) return CUDA_ERROR_OUT_OF_MEMORY;
+  const int prot = PROT_NONE, mflags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+  char *base = MAP_FAILED;
+  if (addr && addr % alignment == 0) { /* a hint: honoured when that range is free */
+    base = mmap((void *)(uintptr_t)addr, size, prot, mflags | MAP_FIXED_NOREPLACE, -1, 0);
+    if (base != MAP_FAILED && base != (char *)(uintptr_t)addr) {
+      munmap(base, size);
+      base = MAP_FAILED;
+    }
+  }
+  if (base == MAP_FAILED) {
+    char *raw = mmap(NULL, size + alignment, prot, mflags, -1, 0);
+    if (raw == MAP_FAILED) {
+      free(res);
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    base = (char *)(((uintptr_t)raw + alignment - 1) & ~(uintptr_t)(alignment - 1));
+    if (base > raw) munmap(raw, (size_t)(base - raw));
+    size_t tail = (size_t)(raw + size + alignment - (base + size));
+    if (tail) munmap(base + size, tail);
+  }
+  res->base = (CUdeviceptr)(uintptr_t)base;
+  res->size = size;
+  res->pieces = NULL;
+  pthread_mutex_lock(&fc_mem_mu);
+  res->next = reservations;
+  reservations = res;
+  pthread_mutex_unlock(&fc_mem_mu);
+  *ptr = res->base;
+  return CUDA_SUCCESS;
+}
+FC_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                                       unsigned long long flags) {
+  FC_TRACED(cuMemAddressReserve, address_reserve(ptr, size, alignment, addr, flags), ptr, size, alignment, addr,
+            flags);
+}
+
+/* The whole reservation, with nothing mapped in it any more. */
+static CUresult address_free(CUdeviceptr ptr, size_t size) {
+  CUresult r = fc_check_init();
+  if (r != CUDA_SUCCESS) return r;
+  r = CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&fc_mem_mu);
+  for (struct fc_reservation **pp = &reservations; *pp; pp = &(*pp)->next) {
+    struct fc_reservation *res = *pp;
+    if (res->base == ptr && res->size == size && !res->pieces) {
+      *pp = res->next;
+      munmap((void *)(uintptr_t)res->base, res->size);
+      free(res);
+      r = CUDA_SUCCESS;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&fc_mem_mu);
+  return r;
+}
+FC_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+  FC_TRACED(cuMemAddressFree, address_free(ptr, size), ptr, size);
+}
+
+/* ---- frames ---- */
+static CUresult mem_create(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                           unsigned long long flags) {
+  int dev;
+  CUresult r = fc_check_init();
+  if (r != CUDA_SUCCESS) return r;
+  if (!handle || !prop || flags || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || size == 0 || size % G)
+    return CUDA_ERROR_INVALID_VALUE;
+  r = location_dev(&prop->location, &dev);
+  if (r != CUDA_SUCCESS) return r;
+  if (prop->requestedHandleTypes & ~(unsigned)CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+  if (prop->allocFlags.compressionType || prop->allocFlags.usage) return CUDA_ERROR_NOT_SUPPORTED;
+  if (!fc_charge(dev, size)) return CUDA_ERROR_OUT_OF_MEMORY;
+  struct fc_frame *f = calloc(1, sizeof *f);
+  int fd = memfd_create("fakecuda-frame", MFD_CLOEXEC);
+  if (!f || fd < 0 || ftruncate(fd, (off_t)size) != 0 || !fc_handles_add(&frames, f)) {
+    if (fd >= 0) close(fd);
+    free(f);
+    fc_uncharge(dev, size);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  f->fd = fd;
+  f->size = size;
+  f->dev = dev;
+  f->prop = *prop;
+  f->handle_refs = 1;
+  f->refs = 1;
+  *handle = (CUmemGenericAllocationHandle)(uintptr_t)f;
+  return CUDA_SUCCESS;
+}
+FC_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                               unsigned long long flags) {
+  FC_TRACED(cuMemCreate, mem_create(handle, size, prop, flags), handle, size, prop, flags);
+}
+
+static struct fc_frame *frame_of(CUmemGenericAllocationHandle h) {
+  struct fc_frame *f = (struct fc_frame *)(uintptr_t)h;
+  return fc_handles_has(&frames, f) ? f : NULL;
+}
+
+static CUresult mem_release(CUmemGenericAllocationHandle h) {
+  CUresult r = fc_check_init();
+  if (r != CUDA_SUCCESS) return r;
+  pthread_mutex_lock(&fc_mem_mu);
+  struct fc_frame *f = frame_of(h);
+  if (!f) {
+    r = CUDA_ERROR_INVALID_VALUE;
+  } else if (--f->handle_refs == 0) {
+    fc_handles_remove(&frames, f);
+    frame_unref(f); /* memory goes when the last mapping does */
+  }
+  pthread_mutex_unlock(&fc_mem_mu);
+  return r;
+}
+FC_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+  FC_TRACED(cuMemRelease, mem_release(handle), handle);
+}
+
+static CUresult mem_map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+                        unsigned long long flags) {
+  CUresult r = fc_check_init();
+  if (r != CUDA_SUCCESS) return r;
+  if (flags || size == 0 || ptr % G || size % G || offset % G) return CUDA_ERROR_INVALID_VALUE;
+  struct fc_piece *m = malloc(sizeof *m);
+  if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
+  pthread_mutex_lock(&fc_mem_mu);
+  struct fc_frame *f = frame_of(h);
+  struct fc_reservation *res = find_reservation(ptr, size);
+  if (!f || !res || offset > f->size || size > f->size - offset) r = CUDA_ERROR_INVALID_VALUE;
+  for (struct fc_piece *p = res && !r ? res->pieces : NULL; p; p = p->next)
+    if (ptr < p->va + p->size && p->va < ptr + size) r = CUDA_ERROR_INVALID_VALUE; /* already mapped */
+  if (r == CUDA_SUCCESS &&
+      mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, f->fd, (off_t)offset) == MAP_FAILED)
+    r = CUDA_ERROR_OUT_OF_MEMORY;
+  if (r == CUDA_SUCCESS) {
+    *m = (struct fc_piece){ptr, size, f, CU_MEM_ACCESS_FLAGS_PROT_NONE, res->pieces};
+    res->pieces = m;
+    f->refs++;
+  }
+  pthread_mutex_unlock(&fc_mem_mu);
+  if (r != CUDA_SUCCESS) free(m);
+  return r;
+}
+FC_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                            unsigned long long flags) {
+  FC_TRACED(cuMemMap, mem_map(ptr, size, offset, handle, flags), ptr, size, offset, handle, flags);
+}
+
+/* Unmaps every mapping inside [ptr, ptr+size); a mapping only partly inside is an
+ * error (CUDA unmaps whole mappings). Does not wait for running kernels, like CUDA. */
+static CUresult mem_unmap(CUdeviceptr ptr, size_t size) {
+  CUresult r = fc_check_init();
+  if (r != CUDA_SUCCESS) return r;
+  if (size == 0 || ptr % G || size % G) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&fc_mem_mu);
+  struct fc_reservation *res = find_reservation(ptr, size);
+  int inside = 0;
+  for (struct fc_piece *p = res ? res->pieces : NULL; p; p = p->next) {
+    if (!(ptr < p->va + p->size && p->va < ptr + size)) continue;
+    if (p->va < ptr || p->va + p->size > ptr + size) r = CUDA_ERROR_INVALID_VALUE;
+    inside++;
+  }
+  if (!res || inside == 0) r = CUDA_ERROR_INVALID_VALUE;
+  for (struct fc_piece **pp = r == CUDA_SUCCESS ? &res->pieces : NULL; pp && *pp;) {
+    struct fc_piece *p = *pp;
+    if (p->va >= ptr && p->va + p->size <= ptr + size) {
+      if (mmap((void *)(uintptr_t)p->va, p->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
+               -1, 0) == MAP_FAILED)
+        abort(); /* the range would stay readable: a fake that lies is worse than none */
+      *pp = p->next;
+      frame_unref(p->frame);
+      free(p);
+    } else {
+      pp = &p->next;
+    }
+  }
+  pthread_mutex_unlock(&fc_mem_mu);
+  return r;
+}
+FC_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) { FC_TRACED(cuMemUnmap, mem_unmap(ptr, size), ptr, size); }
+
+/* The host and every device share one address space here, so a range's protection
+ * is the most permissive of the descriptors. The range must be entirely mapped. */
+static CUresult set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
+  int dev;
+  unsigned long long flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+  CUresult r = fc_check_init();
+  if (r != CUDA_SUCCESS) return r;
+  if (!desc || count == 0 || size == 0 || ptr % G || size % G) return CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; i < count; i++) {
+    r = location_dev(&desc[i].location, &dev);
+    if (r != CUDA_SUCCESS) return r;
+    if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE && desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+        desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+      return CUDA_ERROR_INVALID_VALUE;
+    flags |= (unsigned long long)desc[i].flags;
+  }
+  int prot = flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE
+             : flags == CU_MEM_ACCESS_FLAGS_PROT_READ    ? PROT_READ
+                                                         : PROT_NONE;
+  pthread_mutex_lock(&fc_mem_mu);
+  struct fc_reservation *res = find_reservation(ptr, size);
+  size_t covered = 0;
+  for (struct fc_piece *p = res ? res->pieces : NULL; p; p = p->next) {
+    CUdeviceptr lo = p->va > ptr ? p->va : ptr, hi = p->va + p->size < ptr + size ? p->va + p->size : ptr + size;
+    if (lo < hi) covered += hi - lo;
+  }
+  if (!res || covered != size) {
+    r = CUDA_ERROR_INVALID_VALUE;
+  } else if (mprotect((void *)(uintptr_t)ptr, size, prot) != 0) {
+    r = CUDA_ERROR_OUT_OF_MEMORY;
+  } else {
+    for (struct fc_piece *p = res->pieces; p; p = p->next)
+      if (p->va < ptr + size && ptr < p->va + p->size) p->access = flags;
+  }
+  pthread_mutex_unlock(&fc_mem_mu);
+  return r;
+}
+FC_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
+  FC_TRACED(cuMemSetAccess, set_access(ptr, size, desc, count), ptr, size, desc, count);
+}
+
+static CUresult get_access(unsigned long long *flags, const CUmemLocation *location, CUdeviceptr ptr) {
+  int dev;
+  CUresult r = fc_check_init();
+  if (r != CUDA_SUCCESS) return r;
+  if (!flags || !location) return CUDA_ERROR_INVALID_VALUE;
+  r = location_dev(location, &dev);
+  if (r != CUDA_SUCCESS) return r;
+  r = CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&fc_mem_mu);
+  struct fc_reservation *res = find_reservation(ptr, 1);
+  for (struct fc_piece *p = res ? res->pieces : NULL; p; p = p->next) {
+    if (ptr >= p->va && ptr - p->va < p->size) {
+      *flags = p->access;
+      r = CUDA_SUCCESS;
+    }
+  }
+  pthread_mutex_unlock(&fc_mem_mu);
+  return r;
+}
+FC_EXPORT CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocation *location, CUdeviceptr ptr) {
+  FC_TRACED(cuMemGetAccess, get_access(flags, location, ptr), flags, location, ptr);
+}
+
+static CUresult granularity(size_t *g, const CUmemAllocationProp *prop, CUmemAllocationGranularity_flags option) {
+  int dev;
+  CUresult r = fc_check_init();
+  if (r != CUDA_SUCCESS) return r;
+  if (!g || !prop || (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
+    return CUDA_ERROR_INVALID_VALUE;
+  r = location_dev(&prop->location, &dev);
+  if (r != CUDA_SUCCESS) return r;
+  *g = G;
+  return CUDA_SUCCESS;
+}
+FC_EXPORT CUresult cuMemGetAllocationGranularity(size_t *granularity_out, const CUmemAllocationProp *prop,
+                                                 CUmemAllocationGranularity_flags option) {
+  FC_TRACED(cuMemGetAllocationGranularity, granularity(granularity_out, prop, option), granularity_out, prop,
+            option);
+}
+
+/* A new handle reference to the frame mapped at addr; cuMemRelease drops it. */
+static CUresult retain_handle(CUmemGenericAllocationHandle *handle, void *addr) {
+  CUresult r = fc_check_init();
+  if (r != CUDA_SUCCESS) return r;
+  if (!handle) return CUDA_ERROR_INVALID_VALUE;
+  CUdeviceptr p = (CUdeviceptr)(uintptr_t)addr;
+  r = CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&fc_mem_mu);
+  struct fc_reservation *res = find_reservation(p, 1);
+  for (struct fc_piece *m = res ? res->pieces : NULL; m && r != CUDA_SUCCESS; m = m->next) {
+    if (p >= m->va && p - m->va < m->size) {
+      struct fc_frame *f = m->frame;
+      if (f->handle_refs == 0) { /* released but still mapped: the handle comes back */
+        if (!fc_handles_add(&frames, f)) break;
+        f->refs++;
+      }
+      f->handle_refs++;
+      *handle = (CUmemGenericAllocationHandle)(uintptr_t)f;
+      r = CUDA_SUCCESS;
+    }
+  }
+  pthread_mutex_unlock(&fc_mem_mu);
+  return r;
+}
+FC_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
+  FC_TRACED(cuMemRetainAllocationHandle, retain_handle(handle, addr), handle, addr);
+}
+
+static CUresult props_from_handle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle h) {
+  CUresult r = fc_check_init();
+  if (r != CUDA_SUCCESS) return r;
+  if (!prop) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&fc_mem_mu);
+  struct fc_frame *f = frame_of(h);
+  if (f)
+    *prop = f->prop;
+  else
+    r = CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_unlock(&fc_mem_mu);
+  return r;
+}
+FC_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
+                                                          CUmemGenericAllocationHandle handle) {
+  FC_TRACED(cuMemGetAllocationPropertiesFromHandle, props_from_handle(prop, handle), prop, handle);
+}
