@@ -1,0 +1,382 @@
+/* The chunk allocator on the fake driver: data written through every allocation survives
+ * random alloc/free/migrate programs on several streams and threads at budgets from 100%
+ * down to 5% of the peak; over-budget chunks land on host frames; exhausting both budgets
+ * gives the OOM code and breaks nothing else; stream-ordered frees are honoured.
+ * Each scenario runs in a child process: the allocator's configuration is per process. */
+#include "allocator/allocator.h"
+#include "shim/shim.h"
+#include "tests/fakecuda/fakecuda.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MiB (1024ull * 1024)
+#define CHUNK (2 * MiB)
+
+static CUfunction fill_kernel, check_kernel;
+static _Atomic uint64_t mismatches;
+
+static uint64_t pattern(uint64_t seed, uint64_t i) { return (seed * 0x9E3779B97F4A7C15ull) ^ (i * 0xBF58476D1CE4E5B9ull); }
+
+/* fill(ptr, words, seed) and check(ptr, words, seed): 8-byte words, run on the stream. */
+static void fill_fn(void **args, void *user)
+{
+  (void)user;
+  uint64_t *p = *(uint64_t **)args[0], n = *(uint64_t *)args[1], seed = *(uint64_t *)args[2];
+  for (uint64_t i = 0; i < n; i++)
+    p[i] = pattern(seed, i);
+}
+
+static void check_fn(void **args, void *user)
+{
+  (void)user;
+  const uint64_t *p = *(uint64_t **)args[0], n = *(uint64_t *)args[1], seed = *(uint64_t *)args[2];
+  for (uint64_t i = 0; i < n; i++)
+    if (p[i] != pattern(seed, i)) {
+      atomic_fetch_add(&mismatches, 1);
+      return;
+    }
+}
+
+static void launch(CUfunction f, CUdeviceptr p, uint64_t bytes, uint64_t seed, CUstream s)
+{
+  uint64_t words = bytes / 8;
+  void *params[] = {&p, &words, &seed};
+  if (ps_driver.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) != CUDA_SUCCESS)
+    abort();
+}
+
+/* Sets the configuration, loads the (fake) driver and makes device 0's context current. */
+static void start(const char *gpu_budget, const char *host_budget)
+{
+  setenv("PSSHIM_CHUNK_SIZE", "2M", 1);
+  if (gpu_budget)
+    setenv("PSSHIM_GPU_BUDGET", gpu_budget, 1);
+  if (host_budget)
+    setenv("PSSHIM_HOST_BUDGET", host_budget, 1);
+  char err[256];
+  if (!ps_options_parse(err, sizeof err) || !ps_driver_load()) {
+    fprintf(stderr, "start: %s\n", err);
+    exit(3);
+  }
+  ps_log_level = ps_options.log_level;
+  CUdevice dev;
+  CUcontext ctx;
+  if (ps_driver.cuInit(0) || ps_driver.cuDeviceGet(&dev, 0) || ps_driver.cuDevicePrimaryCtxRetain(&ctx, dev) ||
+      ps_driver.cuCtxSetCurrent(ctx))
+    exit(4);
+  size_t sizes[] = {8, 8, 8};
+  fill_kernel = fakecuda_register_kernel("fill", fill_fn, NULL, 3, sizes);
+  check_kernel = fakecuda_register_kernel("check", check_fn, NULL, 3, sizes);
+}
+
+/* Runs fn in a child; returns its exit status (signals become 128 + signal). */
+static int in_child(void (*fn)(void *), void *arg)
+{
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) {
+    fn(arg);
+    exit(0);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* ---- the random program ---- */
+
+struct live {
+  CUdeviceptr p;
+  uint64_t bytes, seed;
+  CUstream stream;
+};
+
+struct worker {
+  unsigned seed;
+  int ops;
+  uint64_t max_live_bytes;
+  bool migrate;
+  CUcontext ctx;
+};
+
+static uint64_t random_size(unsigned *r)
+{
+  unsigned k = (unsigned)rand_r(r) % 100;
+  if (k < 70)
+    return 8 * (1 + (uint64_t)rand_r(r) % 4096);          /* up to 32 KiB */
+  if (k < 95)
+    return 8 * (1 + (uint64_t)rand_r(r) % (128 * 1024)); /* up to 1 MiB */
+  return CHUNK + 8 * (uint64_t)(rand_r(r) % (512 * 1024)); /* larger than a chunk */
+}
+
+static void *worker_main(void *arg)
+{
+  struct worker *w = arg;
+  ps_driver.cuCtxSetCurrent(w->ctx);
+  CUstream streams[2];
+  for (int i = 0; i < 2; i++)
+    if (ps_driver.cuStreamCreate(&streams[i], CU_STREAM_NON_BLOCKING))
+      abort();
+  struct live live[256];
+  int n = 0;
+  uint64_t live_bytes = 0;
+  for (int op = 0; op < w->ops; op++) {
+    unsigned k = (unsigned)rand_r(&w->seed) % 100;
+    if (n < 256 && k < 50) {
+      uint64_t bytes = random_size(&w->seed);
+      if (live_bytes + bytes > w->max_live_bytes)
+        continue;
+      CUstream s = streams[rand_r(&w->seed) % 2];
+      struct live a = {.bytes = bytes, .seed = (uint64_t)rand_r(&w->seed) << 20 | (uint64_t)op, .stream = s};
+      if (psa_alloc(0, bytes, s, &a.p) != CUDA_SUCCESS)
+        abort();
+      launch(fill_kernel, a.p, bytes, a.seed, s);
+      live[n++] = a;
+      live_bytes += bytes;
+    } else if (n && k < 90) {
+      /* Check then free on the allocation's stream; the check runs later (kernel delay),
+       * so bytes handed to another stream too early would be overwritten first. */
+      int i = rand_r(&w->seed) % n;
+      launch(check_kernel, live[i].p, live[i].bytes, live[i].seed, live[i].stream);
+      if (psa_free(live[i].p, live[i].stream, false) != CUDA_SUCCESS)
+        abort();
+      live_bytes -= live[i].bytes;
+      live[i] = live[--n];
+    } else if (n && w->migrate) {
+      int i = rand_r(&w->seed) % n, ordinal;
+      int64_t c = psa_chunk_of(live[i].p, &ordinal);
+      enum psa_where to = psa_chunk_where(ordinal, (uint64_t)c) == PSA_GPU ? PSA_HOST : PSA_GPU;
+      CUresult r = psa_chunk_migrate(ordinal, (uint64_t)c, to);
+      if (r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY)
+        abort();
+    }
+  }
+  for (int i = 0; i < n; i++) {
+    launch(check_kernel, live[i].p, live[i].bytes, live[i].seed, live[i].stream);
+    psa_free(live[i].p, live[i].stream, false);
+  }
+  for (int i = 0; i < 2; i++)
+    ps_driver.cuStreamSynchronize(streams[i]);
+  return NULL;
+}
+
+struct program {
+  const char *gpu_budget;
+  int threads, ops;
+  uint64_t max_live_per_thread;
+  bool migrate, expect_host;
+};
+
+static void run_program(void *arg)
+{
+  const struct program *pg = arg;
+  start(pg->gpu_budget, "512M");
+  CUcontext ctx;
+  ps_driver.cuCtxGetCurrent(&ctx);
+  pthread_t t[8];
+  struct worker w[8];
+  for (int i = 0; i < pg->threads; i++) {
+    w[i] = (struct worker){.seed = 1234u + (unsigned)i * 77u, .ops = pg->ops,
+                           .max_live_bytes = pg->max_live_per_thread, .migrate = pg->migrate, .ctx = ctx};
+    pthread_create(&t[i], NULL, worker_main, &w[i]);
+  }
+  for (int i = 0; i < pg->threads; i++)
+    pthread_join(t[i], NULL);
+  ps_driver.cuCtxSynchronize();
+  struct psa_stats s;
+  psa_stats_get(&s);
+  fprintf(stderr, "budget %s: allocs %llu, peak GPU frames %llu, peak host frames %llu, mismatches %llu\n",
+          pg->gpu_budget, (unsigned long long)s.allocs, (unsigned long long)s.peak_gpu_frames,
+          (unsigned long long)s.peak_host_frames, (unsigned long long)atomic_load(&mismatches));
+  if (atomic_load(&mismatches))
+    exit(10);
+  if (s.live_bytes != 0)
+    exit(11);
+  if (pg->expect_host && s.peak_host_frames == 0)
+    exit(12);
+  if (s.peak_gpu_frames * CHUNK > s.gpu_budget)
+    exit(13);
+}
+
+/* The workload's peak is about threads x max_live: 4 x 12 MiB = 48 MiB. */
+static void test_random_programs_at_budgets(void **state)
+{
+  (void)state;
+  const char *budgets[] = {"48M", "24M", "12M", "6M", "2M"}; /* 100% .. ~5% of the peak */
+  for (size_t i = 0; i < sizeof budgets / sizeof budgets[0]; i++) {
+    struct program pg = {.gpu_budget = budgets[i], .threads = 4, .ops = 1500, .max_live_per_thread = 12 * MiB,
+                         .migrate = false, .expect_host = i > 0};
+    assert_int_equal(in_child(run_program, &pg), 0);
+  }
+}
+
+static void test_random_programs_with_migration(void **state)
+{
+  (void)state;
+  /* One thread: psa_chunk_migrate's caller promises no kernel touches the chunk meanwhile. */
+  struct program pg = {.gpu_budget = "16M", .threads = 1, .ops = 800, .max_live_per_thread = 10 * MiB,
+                       .migrate = true, .expect_host = true};
+  assert_int_equal(in_child(run_program, &pg), 0);
+}
+
+/* With slow kernels, a premature cross-stream reuse would be caught by the checks. */
+static void test_random_programs_slow_kernels(void **state)
+{
+  (void)state;
+  setenv("FAKECUDA_KERNEL_DELAY_US", "200", 1);
+  struct program pg = {.gpu_budget = "24M", .threads = 2, .ops = 400, .max_live_per_thread = 8 * MiB,
+                       .expect_host = false};
+  int status = in_child(run_program, &pg);
+  unsetenv("FAKECUDA_KERNEL_DELAY_US");
+  assert_int_equal(status, 0);
+}
+
+/* ---- stream-ordered reuse, exactly ---- */
+
+static void stream_order(void *arg)
+{
+  (void)arg;
+  start("8M", NULL);
+  fakecuda_set_delays(0, 0, 100000); /* kernels take 100 ms */
+  CUstream a, b;
+  ps_driver.cuStreamCreate(&a, CU_STREAM_NON_BLOCKING);
+  ps_driver.cuStreamCreate(&b, CU_STREAM_NON_BLOCKING);
+  CUdeviceptr p, q, r;
+  if (psa_alloc(0, 4096, a, &p))
+    exit(20);
+  launch(fill_kernel, p, 4096, 1, a); /* still running when freed */
+  psa_free(p, a, false);
+  if (psa_alloc(0, 4096, b, &q))
+    exit(21);
+  if (q == p) /* stream b must not get bytes stream a may still touch */
+    exit(22);
+  if (psa_alloc(0, 4096, a, &r))
+    exit(23);
+  if (r != p) /* stream a may reuse its own freed bytes at once */
+    exit(24);
+  ps_driver.cuStreamSynchronize(a);
+  psa_free(r, a, false);
+  ps_driver.cuStreamSynchronize(a);
+  psa_free(q, b, false);
+  CUdeviceptr s2;
+  if (psa_alloc(0, 4096, b, &s2) || s2 != p) /* once a has passed, anyone may */
+    exit(25);
+}
+
+static void test_stream_ordered_free(void **state)
+{
+  (void)state;
+  assert_int_equal(in_child(stream_order, NULL), 0);
+}
+
+/* ---- both budgets exhausted ---- */
+
+static void exhaust(void *arg)
+{
+  (void)arg;
+  start("4M", "4M");
+  CUdeviceptr p[16];
+  int n = 0;
+  CUresult r;
+  while ((r = psa_alloc(0, 1 * MiB, PSA_SYNC_STREAM, &p[n])) == CUDA_SUCCESS && n < 15)
+    launch(fill_kernel, p[n], 1 * MiB, (uint64_t)n, 0), n++;
+  if (r != CUDA_ERROR_OUT_OF_MEMORY || n != 8) /* 4 MiB of GPU + 4 MiB of host frames */
+    exit(30);
+  if (psa_chunk_where(0, (uint64_t)psa_chunk_of(p[0], NULL)) != PSA_GPU ||
+      psa_chunk_where(0, (uint64_t)psa_chunk_of(p[7], NULL)) != PSA_HOST)
+    exit(31);
+  for (int i = 0; i < n; i++)
+    launch(check_kernel, p[i], 1 * MiB, (uint64_t)i, 0);
+  ps_driver.cuCtxSynchronize();
+  if (atomic_load(&mismatches))
+    exit(32);
+  if (psa_free(p[3], 0, true) || psa_alloc(0, 1 * MiB, PSA_SYNC_STREAM, &p[3]))
+    exit(33);
+  struct psa_stats s;
+  psa_stats_get(&s);
+  if (s.failed_allocs != 1)
+    exit(34);
+}
+
+static void test_both_budgets_exhausted(void **state)
+{
+  (void)state;
+  assert_int_equal(in_child(exhaust, NULL), 0);
+}
+
+/* ---- migration keeps every live byte, and only live bytes are copied ---- */
+
+static void migrate_roundtrip(void *arg)
+{
+  (void)arg;
+  start("8M", "8M");
+  CUdeviceptr a, b, c;
+  if (psa_alloc(0, 256 * 1024, PSA_SYNC_STREAM, &a) || psa_alloc(0, 256 * 1024, PSA_SYNC_STREAM, &b) ||
+      psa_alloc(0, 256 * 1024, PSA_SYNC_STREAM, &c))
+    exit(40);
+  launch(fill_kernel, a, 256 * 1024, 7, 0);
+  launch(fill_kernel, c, 256 * 1024, 9, 0);
+  psa_free(b, 0, true); /* a hole that must not be copied */
+  uint64_t chunk = (uint64_t)psa_chunk_of(a, NULL);
+  if (psa_chunk_migrate(0, chunk, PSA_HOST) || psa_chunk_where(0, chunk) != PSA_HOST)
+    exit(41);
+  launch(check_kernel, a, 256 * 1024, 7, 0);
+  launch(check_kernel, c, 256 * 1024, 9, 0);
+  if (psa_chunk_migrate(0, chunk, PSA_GPU) || psa_chunk_where(0, chunk) != PSA_GPU)
+    exit(42);
+  launch(check_kernel, a, 256 * 1024, 7, 0);
+  launch(check_kernel, c, 256 * 1024, 9, 0);
+  ps_driver.cuCtxSynchronize();
+  struct psa_stats s;
+  psa_stats_get(&s);
+  if (atomic_load(&mismatches) || s.bytes_d2h != 512 * 1024 || s.bytes_h2d != 512 * 1024)
+    exit(43);
+}
+
+static void test_migrate_roundtrip(void **state)
+{
+  (void)state;
+  assert_int_equal(in_child(migrate_roundtrip, NULL), 0);
+}
+
+/* ---- a budget above the device stops the process with one clear line ---- */
+
+static void over_device(void *arg)
+{
+  (void)arg;
+  start("64G", NULL);
+  CUdeviceptr p;
+  psa_alloc(0, 4096, PSA_SYNC_STREAM, &p);
+  exit(0); /* not reached: the allocator stops the process */
+}
+
+static void test_budget_above_device(void **state)
+{
+  (void)state;
+  assert_int_equal(in_child(over_device, NULL), 1);
+}
+
+int main(void)
+{
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_stream_ordered_free),
+      cmocka_unit_test(test_both_budgets_exhausted),
+      cmocka_unit_test(test_migrate_roundtrip),
+      cmocka_unit_test(test_budget_above_device),
+      cmocka_unit_test(test_random_programs_at_budgets),
+      cmocka_unit_test(test_random_programs_with_migration),
+      cmocka_unit_test(test_random_programs_slow_kernels),
+  };
+  return cmocka_run_group_tests_name("allocator", tests, NULL, NULL);
+}
