@@ -197,3 +197,7 @@ PS_DEFAULT_VISIBILITY void psshim_free(void *ptr, ssize_t size, int device, cuda
   if (psa_owns((CUdeviceptr)ptr))
     psa_free((CUdeviceptr)ptr, (CUstream)stream, false);
 }
+
+/* 1 when p lies in psshim's chunk space: for tests and tools that want to know who
+ * served an allocation (dlsym(RTLD_DEFAULT, "psshim_owns")). */
+PS_DEFAULT_VISIBILITY int psshim_owns(const void *p) { return psa_owns((CUdeviceptr)p); }

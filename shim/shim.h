@@ -75,6 +75,8 @@ extern struct ps_driver ps_driver;
 /* Loads libcuda.so.1 (PSSHIM_LIBCUDA overrides the path) and fills ps_driver once.
  * Returns false, after one log line naming what is missing, if it cannot. */
 bool ps_driver_load(void);
+/* glibc's own dlsym: psshim overrides the exported dlsym, so its own lookups use this. */
+void *ps_real_dlsym(void *handle, const char *name);
 /* An entry point of the loaded driver that psshim does not require (NULL if absent). */
 void *ps_driver_symbol(const char *name);
 /* "CUDA_ERROR_OUT_OF_MEMORY"-style name for logs, never NULL. */

@@ -4,8 +4,6 @@
 
 #include "shim/shim.h"
 
-/* glibc's own dlsym (psshim overrides the exported one). */
-void *ps_real_dlsym(void *handle, const char *name);
 /* psshim serves allocations: the driver loaded, not disabled, not a forked child. */
 bool ps_active(void);
 /* The device of the calling thread's current context; false when there is none. */

@@ -1,0 +1,99 @@
+/* psshim's doors under LD_PRELOAD on the fake driver: dlsym of exact names only,
+ * cuGetProcAddress honouring version and flags, foreign pointers passed through,
+ * cudaMemGetInfo answering for psshim's budgets, a forked child passing through.
+ * Each check prints its name; any failure exits non-zero naming it. */
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static int failures;
+
+#define CHECK(name, cond)                                              \
+  do {                                                                 \
+    bool ok_ = (cond);                                                 \
+    printf("%-58s %s\n", name, ok_ ? "ok" : "FAILED");                 \
+    failures += !ok_;                                                  \
+  } while (0)
+
+typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
+typedef CUresult (*alloc_async_fn)(CUdeviceptr *, size_t, CUstream);
+typedef CUresult (*proc_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+
+int main(void)
+{
+  int (*owns)(const void *) = (int (*)(const void *))dlsym(RTLD_DEFAULT, "psshim_owns");
+  CHECK("psshim is preloaded", owns != NULL);
+  if (!owns)
+    return 1;
+  void *cuda = dlopen("libcuda.so.1", RTLD_NOW);
+  CHECK("libcuda.so.1 loads", cuda != NULL);
+  CUresult (*init)(unsigned) = (CUresult(*)(unsigned))dlsym(cuda, "cuInit");
+  CHECK("cuInit resolves", init && init(0) == CUDA_SUCCESS);
+  Dl_info info;
+  CHECK("dlsym(cuInit) is the driver's own", dladdr((void *)init, &info) && strstr(info.dli_fname, "libcuda"));
+  /* a context, as a driver-API program makes one */
+  CUdevice dev;
+  CUcontext ctx;
+  CUresult (*dev_get)(CUdevice *, int) = (CUresult(*)(CUdevice *, int))dlsym(cuda, "cuDeviceGet");
+  CUresult (*retain)(CUcontext *, CUdevice) = (CUresult(*)(CUcontext *, CUdevice))dlsym(cuda, "cuDevicePrimaryCtxRetain");
+  CUresult (*set_cur)(CUcontext) = (CUresult(*)(CUcontext))dlsym(cuda, "cuCtxSetCurrent");
+  CHECK("primary context current", !dev_get(&dev, 0) && !retain(&ctx, dev) && !set_cur(ctx));
+
+  alloc_fn alloc = (alloc_fn)dlsym(cuda, "cuMemAlloc_v2");
+  CUdeviceptr p = 0;
+  CHECK("dlsym(cuMemAlloc_v2) allocates in psshim's space", alloc && !alloc(&p, 1 << 20) && owns((void *)p));
+  CHECK("dlsym(cudnnCreate) stays not found", dlsym(cuda, "cudnnCreate") == NULL);
+  CHECK("dlsym(cuMemAlloc_v2x) stays not found", dlsym(cuda, "cuMemAlloc_v2x") == NULL);
+  CHECK("dlsym(RTLD_NEXT, malloc) is libc's", dlsym(RTLD_NEXT, "malloc") == dlsym(RTLD_DEFAULT, "malloc"));
+  CHECK("dlsym twice gives the same door", dlsym(cuda, "cuMemAlloc_v2") == (void *)alloc);
+
+  proc_fn proc = (proc_fn)dlsym(cuda, "cuGetProcAddress_v2");
+  void *fn = NULL;
+  CUdriverProcAddressQueryResult st;
+  CHECK("cuGetProcAddress_v2 resolves", proc && !proc("cuMemAlloc", &fn, 13000, 0, &st) && fn);
+  CUdeviceptr q = 0;
+  CHECK("cuGetProcAddress(cuMemAlloc, 13000) allocates in psshim's space", fn && !((alloc_fn)fn)(&q, 4096) && owns((void *)q));
+  fn = NULL;
+  proc("cuMemAllocAsync", &fn, 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st);
+  CHECK("per-thread-stream flag gives the _ptsz door", fn && fn == dlsym(RTLD_DEFAULT, "cuMemAllocAsync_ptsz"));
+  fn = NULL;
+  proc("cuMemAllocAsync", &fn, 13000, CU_GET_PROC_ADDRESS_DEFAULT, &st);
+  CHECK("default flag gives the plain door", fn && fn == dlsym(RTLD_DEFAULT, "cuMemAllocAsync"));
+  fn = NULL;
+  proc("cuInit", &fn, 13000, 0, &st);
+  CHECK("cuGetProcAddress(cuInit) is the driver's own", fn == (void *)init);
+  fn = NULL;
+  CHECK("cuGetProcAddress(no such symbol) fails as the driver does",
+        proc("cuNoSuchThing", &fn, 13000, 0, &st) != CUDA_SUCCESS || fn == NULL);
+
+  void *r = NULL;
+  CHECK("cudaMalloc is served", cudaMalloc(&r, 1000) == cudaSuccess && owns(r));
+  char host[64];
+  CHECK("cudaFree(host pointer) passes through to an error", cudaFree(host) != cudaSuccess);
+  CHECK("cudaFree(NULL) succeeds", cudaFree(NULL) == cudaSuccess);
+  CHECK("cudaFree(served) succeeds", cudaFree(r) == cudaSuccess);
+  CHECK("a second free of it is refused", cudaFree(r) != cudaSuccess);
+  size_t free_b = 0, total_b = 0;
+  const char *want = getenv("EXPECT_TOTAL_BYTES");
+  CHECK("cudaMemGetInfo answers psshim's budgets",
+        cudaMemGetInfo(&free_b, &total_b) == cudaSuccess && want && total_b == strtoull(want, NULL, 10) && free_b <= total_b);
+
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    void *c = NULL;
+    cudaError_t e = cudaMalloc(&c, 4096);
+    _exit(e == cudaSuccess && !owns(c) ? 0 : 1); /* the child passes through */
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  CHECK("a forked child passes through", WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  void *after = NULL;
+  CHECK("the parent still allocates after fork", cudaMalloc(&after, 4096) == cudaSuccess && owns(after));
+  return failures ? 1 : 0;
+}

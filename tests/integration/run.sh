@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Integration cases: programs run under LD_PRELOAD=libpsshim.so against the fake driver.
+# Usage: run.sh CASE LIBPSSHIM PROGRAM
+set -uo pipefail
+case_name=$1 lib=$2 prog=$3
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAILED: $*"; exit 1; }
+export PSSHIM_CHUNK_SIZE=2M
+
+under_psshim() { # env assignments..., then the program and its arguments
+  env LD_PRELOAD="$lib" "$@"
+}
+
+case $case_name in
+train)
+  # 8 layers x 3 MiB of parameters, state and activations: a 72 MiB peak.
+  native=$("$prog" 6 8 3) || fail "native run: $native"
+  echo "native:      $native"
+  for budget in 72M 36M 18M 4M; do
+    out=$(under_psshim PSSHIM_GPU_BUDGET=$budget PSSHIM_HOST_BUDGET=256M PSSHIM_STATS="$tmp/s.json" "$prog" 6 8 3) \
+      || fail "budget $budget: $out"
+    echo "psshim $budget: $out"
+    [ "${out%, psshim*}" = "${native%, psshim*}" ] || fail "budget $budget: results differ from the native run"
+    [[ $out == *"psshim loaded" ]] || fail "psshim was not loaded"
+    python3 - "$tmp/s.json" "$budget" <<'PY' || fail "budget $budget: stats"
+import json, sys
+s = json.load(open(sys.argv[1])); budget = sys.argv[2]
+print(f"  stats: allocs {s['allocs']}, peak GPU {s['peak_gpu_bytes']>>20} MiB, peak host {s['peak_host_bytes']>>20} MiB")
+assert s["allocs"] > 0, "psshim served nothing"
+assert s["peak_gpu_bytes"] <= s["gpu_budget"], "GPU budget exceeded"
+spill = s["peak_host_bytes"] > 0
+assert spill == (budget != "72M"), f"host frames used: {spill}"
+PY
+  done
+  ;;
+doors)
+  PSSHIM_GPU_BUDGET=64M PSSHIM_HOST_BUDGET=64M EXPECT_TOTAL_BYTES=$((128 << 20)) under_psshim "$prog" \
+    || fail "doors"
+  ;;
+badconfig)
+  for bad in PSSHIM_CHUNK_SIZE=3M PSSHIM_GPU_BUDGET=lots PSSHIM_POLICY=fast PSSHIM_LOG=loud PSSHIM_HOST_BUDGET=-1G; do
+    under_psshim "$bad" "$prog" 1 1 1 >"$tmp/out" 2>"$tmp/err"
+    status=$?
+    [ $status = 1 ] || fail "$bad: exit $status, expected 1"
+    [ "$(wc -l <"$tmp/err")" = 1 ] || fail "$bad: expected one line on stderr, got: $(cat "$tmp/err")"
+    grep -q "^psshim: ${bad%%=*}=" "$tmp/err" || fail "$bad: the line does not name the variable: $(cat "$tmp/err")"
+    [ ! -s "$tmp/out" ] || fail "$bad: the program ran"
+    echo "$bad -> $(cat "$tmp/err")"
+  done
+  ;;
+quiet)
+  under_psshim PSSHIM_GPU_BUDGET=16M "$prog" 2 4 2 >"$tmp/out" 2>"$tmp/err" || fail "run failed: $(cat "$tmp/err")"
+  [ ! -s "$tmp/err" ] || fail "psshim wrote to stderr unasked: $(cat "$tmp/err")"
+  echo "nothing on stderr: ok"
+  ;;
+*)
+  fail "unknown case $case_name"
+  ;;
+esac
+echo "PASS $case_name"

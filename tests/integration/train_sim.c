@@ -1,0 +1,120 @@
+/* A training loop in miniature, written as a framework writes it against the CUDA
+ * runtime: parameters and optimizer state allocated once with cudaMalloc, activations
+ * with cudaMallocAsync/cudaFreeAsync every step on a stream, "kernels" that read and
+ * write them. Every value is checked at the end of every step. Run under
+ * LD_PRELOAD=libpsshim.so with a GPU budget below its peak, it must finish with the same
+ * checksums as without psshim. Prints one summary line; exits non-zero on a mismatch.
+ * Usage: train_sim [steps] [layers] [MiB per layer] */
+#include "tests/fakecuda/fakecuda.h"
+
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static CUfunction forward_kernel, update_kernel;
+
+/* act[i] = param[i] * 3 + step */
+static void forward_fn(void **args, void *user)
+{
+  (void)user;
+  const uint32_t *param = *(uint32_t **)args[0];
+  uint32_t *act = *(uint32_t **)args[1];
+  uint64_t n = *(uint64_t *)args[2], step = *(uint64_t *)args[3];
+  for (uint64_t i = 0; i < n; i++)
+    act[i] = param[i] * 3u + (uint32_t)step;
+}
+
+/* param[i] += act[i] & 0xff ; state[i] ^= param[i] */
+static void update_fn(void **args, void *user)
+{
+  (void)user;
+  uint32_t *param = *(uint32_t **)args[0], *state = *(uint32_t **)args[1];
+  const uint32_t *act = *(uint32_t **)args[2];
+  uint64_t n = *(uint64_t *)args[3];
+  for (uint64_t i = 0; i < n; i++) {
+    param[i] += act[i] & 0xffu;
+    state[i] ^= param[i];
+  }
+}
+
+static void check(cudaError_t e, const char *what)
+{
+  if (e != cudaSuccess) {
+    fprintf(stderr, "train_sim: %s failed: %s\n", what, cudaGetErrorString(e));
+    exit(2);
+  }
+}
+
+static void launch(CUfunction f, void **params, cudaStream_t s)
+{
+  if (cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, (CUstream)s, params, NULL) != CUDA_SUCCESS) {
+    fprintf(stderr, "train_sim: launch failed\n");
+    exit(2);
+  }
+}
+
+int main(int argc, char **argv)
+{
+  int steps = argc > 1 ? atoi(argv[1]) : 6, layers = argc > 2 ? atoi(argv[2]) : 8;
+  uint64_t layer_bytes = (argc > 3 ? strtoull(argv[3], NULL, 10) : 3) << 20, n = layer_bytes / 4;
+  size_t fwd_sizes[] = {8, 8, 8, 8}, upd_sizes[] = {8, 8, 8, 8};
+  forward_kernel = fakecuda_register_kernel("forward", forward_fn, NULL, 4, fwd_sizes);
+  update_kernel = fakecuda_register_kernel("update", update_fn, NULL, 4, upd_sizes);
+  cudaStream_t s;
+  check(cudaStreamCreate(&s), "cudaStreamCreate");
+  uint32_t **param = calloc((size_t)layers, sizeof *param), **state = calloc((size_t)layers, sizeof *state);
+  uint32_t *host = malloc(layer_bytes), *expect_p = malloc(layer_bytes * (size_t)layers),
+           *expect_s = malloc(layer_bytes * (size_t)layers);
+  for (int l = 0; l < layers; l++) {
+    check(cudaMalloc((void **)&param[l], layer_bytes), "cudaMalloc");
+    check(cudaMalloc((void **)&state[l], layer_bytes), "cudaMalloc");
+    for (uint64_t i = 0; i < n; i++)
+      host[i] = (uint32_t)(l * 7919 + (int)i);
+    check(cudaMemcpy(param[l], host, layer_bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+    check(cudaMemset(state[l], 0, layer_bytes), "cudaMemset");
+    for (uint64_t i = 0; i < n; i++) {
+      expect_p[(uint64_t)l * n + i] = host[i];
+      expect_s[(uint64_t)l * n + i] = 0;
+    }
+  }
+  for (int step = 0; step < steps; step++) {
+    uint32_t **act = calloc((size_t)layers, sizeof *act);
+    for (int l = 0; l < layers; l++) {
+      check(cudaMallocAsync((void **)&act[l], layer_bytes, s), "cudaMallocAsync");
+      uint64_t st = (uint64_t)step;
+      void *fp[] = {&param[l], &act[l], &n, &st};
+      launch(forward_kernel, fp, s);
+    }
+    for (int l = layers - 1; l >= 0; l--) {
+      void *up[] = {&param[l], &state[l], &act[l], &n};
+      launch(update_kernel, up, s);
+      check(cudaFreeAsync(act[l], s), "cudaFreeAsync");
+      for (uint64_t i = 0; i < n; i++) { /* the same arithmetic on the host */
+        uint32_t *p = &expect_p[(uint64_t)l * n + i];
+        *p += (*p * 3u + (uint32_t)step) & 0xffu;
+        expect_s[(uint64_t)l * n + i] ^= *p;
+      }
+    }
+    free(act);
+    check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+  }
+  uint64_t bad = 0, sum = 0;
+  for (int l = 0; l < layers; l++) {
+    check(cudaMemcpy(host, param[l], layer_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    for (uint64_t i = 0; i < n; i++)
+      bad += host[i] != expect_p[(uint64_t)l * n + i], sum += host[i];
+    check(cudaMemcpy(host, state[l], layer_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    for (uint64_t i = 0; i < n; i++)
+      bad += host[i] != expect_s[(uint64_t)l * n + i], sum += host[i];
+    check(cudaFree(param[l]), "cudaFree");
+    check(cudaFree(state[l]), "cudaFree");
+  }
+  int (*owns)(const void *) = (int (*)(const void *))dlsym(RTLD_DEFAULT, "psshim_owns");
+  printf("train_sim: %d steps, %d layers x %llu MiB: checksum %llx, mismatches %llu, psshim %s\n", steps, layers,
+         (unsigned long long)(layer_bytes >> 20), (unsigned long long)sum, (unsigned long long)bad,
+         owns ? "loaded" : "absent");
+  free(host), free(expect_p), free(expect_s), free(param), free(state);
+  return bad ? 1 : 0;
+}
