@@ -83,7 +83,10 @@ static void *door_replacing(void *real)
   return NULL;
 }
 
-/* RTLD_NEXT from the caller's place: the objects after the caller in load order. */
+/* RTLD_NEXT from the caller's place: the objects after the caller in load order. A
+ * link_map is not a usable dlsym handle for objects the loader brought in, so each is
+ * reopened with RTLD_NOLOAD (a handle also searches that object's dependencies: a
+ * slightly wider search than glibc's, which matters only for symbols defined twice). */
 static void *next_after(const void *caller, const char *name)
 {
   Dl_info info;
@@ -91,7 +94,13 @@ static void *next_after(const void *caller, const char *name)
   if (!dladdr1(caller, &info, (void **)&self, RTLD_DL_LINKMAP) || !self)
     return NULL;
   for (struct link_map *l = self->l_next; l; l = l->l_next) {
-    void *f = ps_real_dlsym(l, name);
+    if (!l->l_name || !l->l_name[0])
+      continue;
+    void *h = dlopen(l->l_name, RTLD_LAZY | RTLD_NOLOAD);
+    if (!h)
+      continue;
+    void *f = ps_real_dlsym(h, name);
+    dlclose(h);
     if (f)
       return f;
   }
