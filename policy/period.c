@@ -9,7 +9,10 @@
  * agree best: both back one (changed), i alone (inserted in the newer copy), j alone
  * (missing from it). A match scores 1 and an edit -penalty, chosen so that a stretch with
  * more than `noise` edits per launch loses score; the walk ends when the score falls BURST
- * edits' worth below its best, and the periodic run reaches back to where the best was.
+ * edits' worth below its best. The periodic run reaches back to the oldest launch of the
+ * last STREAK matches in a row: noise just before that (which the score has not yet paid
+ * back) does not cut the run short, and stray matches in the garbage before it do not
+ * stretch it.
  *
  * Choosing: a shorter pattern (one transformer layer) also repeats, but only since the
  * newest iteration boundary, while the iteration repeats since warm-up ended. So the answer
@@ -24,12 +27,14 @@
 #define LOOKAHEAD 8  /* comparisons judging how to resynchronize after a mismatch */
 #define BURST 4      /* edits in a row a run survives: an insertion costs two (one per copy) */
 #define DRIFT 8      /* most launches the alignment may slip from the candidate period */
+#define STREAK 4     /* matches in a row that mark launches as part of the run */
 
 struct psp_period {
   uint64_t *ring;     /* launch k's signature is ring[k & mask] */
   uint32_t *partner;  /* scratch, ring-indexed: the matched launch one period later is
                          j + partner[j], 0 when j was not matched */
-  uint32_t *cand;     /* scratch: candidate periods, then each one's measured period */
+  uint32_t *cand;     /* scratch: candidate shifts to walk */
+  uint32_t *period_of;  /* scratch: the period each candidate's walk measured */
   uint64_t *cover;    /* scratch: launches each candidate's run spans */
   size_t cand_cap;
   uint64_t mask, n;   /* n: launches fed */
@@ -45,7 +50,7 @@ struct psp_period {
 typedef struct run {
   uint32_t period;   /* the most common distance between matched launches */
   uint64_t first_j;  /* the oldest launch of the run: where the periodicity begins */
-  uint64_t steps;    /* steps the walk took to reach its best score, to replay it */
+  uint64_t steps;    /* steps the walk took to reach first_j, to replay it */
 } run;
 
 psp_period *psp_period_new(uint32_t max_period, uint32_t repeats, double noise)
@@ -58,15 +63,18 @@ psp_period *psp_period_new(uint32_t max_period, uint32_t repeats, double noise)
   d->mask = size - 1;
   d->max_period = max_period;
   d->repeats = repeats;
-  /* A stretch with edit rate e scores (1 - e) - penalty * e per launch: < 0 iff e > noise. */
-  d->penalty = noise > 0 && noise < 1 ? (int64_t)((1 - noise) / noise + 0.999) : 1 << 20;
+  /* A noisy launch costs two edits (it is compared once as the newer copy, once as the
+   * older), so noise e makes edit rate 2e and scores (1 - 2e) - penalty * 2e per launch,
+   * which is < 0 iff e > noise. */
+  d->penalty = noise <= 0 ? INT32_MAX : (int64_t)((1 - 2 * noise) / (2 * noise) + 0.999);
   if (d->penalty < 1) d->penalty = 1;
   d->cand_cap = (size_t)PROBES * (max_period + DRIFT);
   d->ring = malloc(size * sizeof *d->ring);
   d->partner = malloc(size * sizeof *d->partner);
   d->cand = malloc(d->cand_cap * sizeof *d->cand);
+  d->period_of = malloc(d->cand_cap * sizeof *d->period_of);
   d->cover = malloc(d->cand_cap * sizeof *d->cover);
-  if (!d->ring || !d->partner || !d->cand || !d->cover) {
+  if (!d->ring || !d->partner || !d->cand || !d->period_of || !d->cover) {
     psp_period_free(d);
     return NULL;
   }
@@ -79,6 +87,7 @@ void psp_period_free(psp_period *d)
   free(d->ring);
   free(d->partner);
   free(d->cand);
+  free(d->period_of);
   free(d->cover);
   free(d);
 }
@@ -113,7 +122,7 @@ static uint32_t agree(const psp_period *d, int64_t i, int64_t j, int64_t lo)
 }
 
 /* Walks candidate `shift` for at most max_steps; when record, marks matched pairs in
- * partner[] (replaying a walk up to its best keeps exactly the run's pairs). */
+ * partner[] (replaying a walk up to first_j keeps exactly the run's pairs). */
 static void walk(psp_period *d, uint32_t shift, uint64_t max_steps, bool record, run *r)
 {
   int64_t lo = oldest(d), i = (int64_t)d->n - 1, j = i - shift;
@@ -121,15 +130,15 @@ static void walk(psp_period *d, uint32_t shift, uint64_t max_steps, bool record,
           max_gap = shift + drift;
   uint64_t hist[2 * DRIFT + 1] = {0};
   int64_t score = 0, best = 0;
-  uint64_t steps = 0;
+  uint64_t steps = 0, streak = 0;
   *r = (run){.period = shift, .first_j = d->n};
   while (j >= lo && steps < max_steps) {
     steps++;
     if (sig(d, i) == sig(d, j)) {
       hist[i - j - shift + drift]++;
       if (record) d->partner[(uint64_t)j & d->mask] = (uint32_t)(i - j);
-      if (++score > best) {
-        best = score;
+      if (++score > best) best = score;
+      if (++streak >= STREAK) {
         r->first_j = (uint64_t)j;
         r->steps = steps;
       }
@@ -137,6 +146,7 @@ static void walk(psp_period *d, uint32_t shift, uint64_t max_steps, bool record,
       j--;
       continue;
     }
+    streak = 0;
     score -= d->penalty;
     if (score < best - BURST * d->penalty) break;
     uint32_t changed = agree(d, i - 1, j - 1, lo);
@@ -151,8 +161,10 @@ static void walk(psp_period *d, uint32_t shift, uint64_t max_steps, bool record,
       j--;
     }
   }
+  int64_t mode = drift;  /* hist[g] counts matches g - drift launches off the candidate */
   for (int64_t g = 0; g <= 2 * drift; g++)
-    if (hist[g] > hist[r->period - shift + drift]) r->period = (uint32_t)(shift - drift + g);
+    if (hist[g] > hist[mode]) mode = g;
+  r->period = (uint32_t)(shift + mode - drift);
 }
 
 static int by_value(const void *x, const void *y)
@@ -165,7 +177,9 @@ static int by_value(const void *x, const void *y)
 static size_t propose(psp_period *d)
 {
   int64_t lo = oldest(d), newest = (int64_t)d->n - 1;
-  uint64_t held = d->n - (uint64_t)lo, longest = held / d->repeats + DRIFT;
+  /* Periods too long to have repeated enough yet are proposed too: their runs keep a
+   * shorter pattern from passing for the iteration. */
+  uint64_t longest = d->n - (uint64_t)lo;
   if (longest > d->max_period + DRIFT) longest = d->max_period + DRIFT;
   size_t n = 0;
   for (int64_t q = newest; q > newest - PROBES && q >= lo; q--)
@@ -207,7 +221,7 @@ bool psp_period_get(psp_period *d, uint32_t *period, uint64_t *phase_start)
     for (; evaluated < n; evaluated++) {
       run r;
       walk(d, d->cand[evaluated], UINT64_MAX, false, &r);
-      d->cand[evaluated] = r.period;
+      d->period_of[evaluated] = r.period;
       d->cover[evaluated] = d->n - r.first_j;
       if (r.period > d->max_period) d->cover[evaluated] = 0;
       if (d->cover[evaluated] > longest) longest = d->cover[evaluated];
@@ -217,18 +231,19 @@ bool psp_period_get(psp_period *d, uint32_t *period, uint64_t *phase_start)
         break;
       }
     }
-    uint32_t best = 0;
+    size_t chosen = evaluated;
     for (size_t k = 0; k < evaluated; k++) {
-      uint32_t p = d->cand[k];
+      uint32_t p = d->period_of[k];
       if (d->cover[k] >= (uint64_t)d->repeats * p && d->cover[k] + p >= longest &&
-          (best == 0 || p < best))
-        best = p;
+          (chosen == evaluated || p < d->period_of[chosen]))
+        chosen = k;
     }
-    if (best) {
+    if (chosen < evaluated) {
+      uint32_t best = d->period_of[chosen];
       run r;
-      walk(d, best, UINT64_MAX, false, &r);
+      walk(d, d->cand[chosen], UINT64_MAX, false, &r);
       memset(d->partner, 0, (d->mask + 1) * sizeof *d->partner);
-      walk(d, best, r.steps, true, &r);
+      walk(d, d->cand[chosen], r.steps, true, &r);
       uint32_t slip = drift_for(best);
       bool aligned = anchored && anchor >= r.first_j && anchor < d->n &&
                      anchor_period + slip >= best && anchor_period <= best + slip;
