@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# psshim-report end to end on a synthetic trace: the DATA MOVE numbers the generator
+# wrote, valid Perfetto JSON, an HTML page with SVG, chunk-size advice, exit codes.
+# usage: test_report.sh SYNTH_PROGRAM PSSHIM_REPORT
+set -u
+synth=$1 report=$2
+dir=$(mktemp -d "${TMPDIR:-/tmp}/psshim-report-test.XXXXXX")
+trap 'rm -rf "$dir"' EXIT
+failures=0 checks=0
+check() { # check NAME COMMAND...: one line per check, a count at the end
+  checks=$((checks + 1))
+  if "${@:2}"; then echo "ok   $1"; else echo "FAIL $1"; failures=$((failures + 1)); fi
+}
+
+"$synth" "$dir/run.trace" > "$dir/expect" || { echo "FAIL synthetic trace not written"; exit 1; }
+"$report" "$dir/run.trace" --perfetto "$dir/run.json" --html "$dir/run.html" --chunk-size > "$dir/out.txt" 2> "$dir/err.txt"
+rc=$?
+check "report exits 0" test "$rc" -eq 0
+check "nothing on stderr" test ! -s "$dir/err.txt"
+
+# Every transfer kind the generator wrote appears in DATA MOVE with its MB and count.
+while IFS='|' read -r label mb times; do
+  label=${label#expect }
+  check "DATA MOVE: $label $mb MB $times times" \
+    awk -v l="  $label" -v mb="$mb" -v n="$times" \
+      'index($0, l) == 1 { rest = substr($0, length(l) + 1); split(rest, f, " ");
+                           if (f[1] == mb && f[2] == n) found = 1 } END { exit !found }' "$dir/out.txt"
+done < "$dir/expect"
+# 8 MB in 0.2 ms, six times: 40000 MB/s.
+check "DATA MOVE: app copy h2d rate" grep -Eq '^  app copy h2d +48\.000 +6 +1\.200 +40000\.0$' "$dir/out.txt"
+check "phases: 2 warm-up and 3 steady iterations" \
+  bash -c "grep -Eq '^  warm-up +2 ' '$dir/out.txt' && grep -Eq '^  steady +3 ' '$dir/out.txt'"
+check "allocation site symbolized" grep -q 'synth_alloc_params+0x' "$dir/out.txt"
+check "chunk table" grep -Eq '^ +23 +64\.0 ' "$dir/out.txt"
+check "chunk-size recommendation" grep -Eq '^  recommended: PSSHIM_CHUNK_SIZE=[0-9]+[KMG]? ' "$dir/out.txt"
+check "perfetto JSON is valid" python3 -m json.tool "$dir/run.json" /dev/null
+check "perfetto has slices and counters" \
+  bash -c "grep -q '\"ph\":\"X\"' '$dir/run.json' && grep -q '\"ph\":\"C\"' '$dir/run.json'"
+check "html has inline svg" grep -q '<svg' "$dir/run.html"
+check "html has no external resources" bash -c "! grep -Eqi '<script|src=|href=' '$dir/run.html'"
+
+# A torn trace: what was readable is reported, exit 2, the problem on stderr.
+size=$(stat -c %s "$dir/run.trace")
+head -c $((size - 100)) "$dir/run.trace" > "$dir/torn.trace"
+"$report" "$dir/torn.trace" > "$dir/torn.txt" 2> "$dir/torn.err"
+rc=$?
+check "torn trace exits 2" test "$rc" -eq 2
+check "torn trace still reported" grep -q '^DATA MOVE' "$dir/torn.txt"
+check "torn trace says where" grep -q 'truncated at byte' "$dir/torn.err"
+
+printf 'not a trace at all\n' > "$dir/junk"
+"$report" "$dir/junk" > /dev/null 2> "$dir/junk.err"
+rc=$?
+check "foreign file exits 2" test "$rc" -eq 2
+check "foreign file named" grep -q 'not a psshim trace' "$dir/junk.err"
+"$report" > /dev/null 2>&1
+check "no FILE exits 1" test $? -eq 1
+"$report" "$dir/run.trace" --chunk-size=12Q > /dev/null 2>&1
+check "bad size exits 1" test $? -eq 1
+"$report" --help | grep -q '^usage: psshim-report FILE'
+check "--help" test $? -eq 0
+"$report" --version | grep -q 'trace format version 1'
+check "--version" test $? -eq 0
+
+echo "$((checks - failures)) passed, $failures failed"
+exit $((failures > 0))

@@ -1,0 +1,150 @@
+/* Writes a synthetic psshim trace through the writer API: a 24-layer model in 64 MiB
+ * chunks, a 12-chunk GPU budget, six iterations of forward, backward and optimizer with
+ * LRU paging, app copies, samples and iteration marks. On a synthetic clock, so the
+ * numbers are exact.
+ *
+ * usage: test_report_synth OUT.trace
+ * Prints "expect <DATA MOVE row name>|<MB>|<times>" for each kind of transfer it wrote. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tracer/tracer.h"
+
+enum { LAYERS = 24, SLOTS = 12, ITERS = 6, WARMUP = 2 };
+#define MIB (1ull << 20)
+#define CHUNK (64 * MIB)
+#define BASE 0x7f0000000000ull
+#define T0 1000000000ull          /* the synthetic clock starts at 1 s */
+#define MIGRATE_NS 1220000ull     /* 64 MiB at ~55 GB/s */
+#define SAMPLE_NS 5000000ull
+
+static uint64_t now = T0, next_sample = T0;
+static bool on_gpu[LAYERS + 1];
+static uint64_t last_use[LAYERS + 1], nonmodel, launches;
+static uint64_t moved_bytes[2][3], moved_times[2][3]; /* [direction][reason] */
+
+static void emit(struct pst_record r) {
+  if (!r.ts_ns) r.ts_ns = now;
+  pst_trace_emit(&r);
+}
+
+static uint64_t resident(void) {
+  uint64_t n = 0;
+  for (int c = 0; c <= LAYERS; c++) n += on_gpu[c];
+  return n;
+}
+
+/* Moves the clock, sampling memory every SAMPLE_NS on the way. */
+static void advance(uint64_t ns) {
+  now += ns;
+  for (; next_sample <= now; next_sample += SAMPLE_NS) {
+    const uint64_t gpu = resident() * CHUNK;
+    emit((struct pst_record){ .type = PST_REC_SAMPLE, .ts_ns = next_sample,
+                              .sample = { gpu, (LAYERS + 1) * CHUNK - gpu, nonmodel, 141ull * 1024 * MIB - gpu - nonmodel } });
+  }
+}
+
+static void migrate(uint32_t chunk, int dir, int reason) {
+  emit((struct pst_record){ .type = PST_REC_MIGRATION, .migration = { chunk, (uint16_t)dir, (uint16_t)reason, CHUNK, now, now + MIGRATE_NS } });
+  advance(MIGRATE_NS);
+  emit((struct pst_record){ .type = PST_REC_CHUNK,
+                            .chunk = { chunk, dir == PST_DIR_H2D ? PST_CHUNK_FRAME_GPU : PST_CHUNK_FRAME_HOST, BASE + chunk * CHUNK, CHUNK } });
+  on_gpu[chunk] = dir == PST_DIR_H2D;
+  moved_bytes[dir][reason] += CHUNK;
+  moved_times[dir][reason]++;
+}
+
+/* Pages chunk in if needed, evicting the least recently used (never the workspace). */
+static void touch(uint32_t chunk, int iteration) {
+  last_use[chunk] = now;
+  if (on_gpu[chunk]) return;
+  if (resident() >= SLOTS + 1) {
+    uint32_t victim = 0;
+    for (uint32_t c = 0; c < LAYERS; c++)
+      if (on_gpu[c] && c != chunk && (!on_gpu[victim] || last_use[c] < last_use[victim])) victim = c;
+    migrate(victim, PST_DIR_D2H, PST_REASON_EVICT);
+  }
+  migrate(chunk, PST_DIR_H2D, iteration < WARMUP ? PST_REASON_DEMAND : PST_REASON_PREFETCH);
+}
+
+static void launch(const char *kernel, uint32_t layer, int iteration) {
+  const uint64_t w = BASE + layer * CHUNK, ptrs[] = { w, w + 48 * MIB, w + 4096, 0x10000000ull + layer };
+  touch(layer, iteration);
+  emit((struct pst_record){ .type = PST_REC_LAUNCH, .launch = { 0x100, launches++, pst_trace_intern(kernel), 4, ptrs } });
+  advance(1000000);
+}
+
+__attribute__((visibility("default"), noinline)) void synth_alloc_params(void) {
+  const uint32_t stack = pst_trace_stack_here(0);
+  for (uint32_t l = 0; l < LAYERS; l++) {
+    const uint32_t place = l < SLOTS ? PST_PLACE_GPU : PST_PLACE_HOST;
+    emit((struct pst_record){ .type = PST_REC_CHUNK, .chunk = { l, PST_CHUNK_CREATED, BASE + l * CHUNK, CHUNK } });
+    emit((struct pst_record){ .type = PST_REC_CHUNK,
+                              .chunk = { l, place == PST_PLACE_GPU ? PST_CHUNK_FRAME_GPU : PST_CHUNK_FRAME_HOST, BASE + l * CHUNK, CHUNK } });
+    emit((struct pst_record){ .type = PST_REC_ALLOC, .alloc = { BASE + l * CHUNK, 48 * MIB, 0x100, stack, l, place } });
+    emit((struct pst_record){ .type = PST_REC_ALLOC, .alloc = { BASE + l * CHUNK + 48 * MIB, 8 * MIB, 0x100, stack, l, place } });
+    on_gpu[l] = place == PST_PLACE_GPU;
+    last_use[l] = now;
+  }
+  emit((struct pst_record){ .type = PST_REC_CHUNK, .chunk = { LAYERS, PST_CHUNK_CREATED, BASE + LAYERS * CHUNK, CHUNK } });
+  emit((struct pst_record){ .type = PST_REC_CHUNK, .chunk = { LAYERS, PST_CHUNK_FRAME_GPU, BASE + LAYERS * CHUNK, CHUNK } });
+  on_gpu[LAYERS] = true;
+}
+
+__attribute__((visibility("default"), noinline)) void synth_alloc_workspace(bool alloc) {
+  const uint64_t addr = BASE + LAYERS * CHUNK;
+  if (alloc)
+    emit((struct pst_record){ .type = PST_REC_ALLOC, .alloc = { addr, 4 * MIB, 0x100, pst_trace_stack_here(0), LAYERS, PST_PLACE_GPU } });
+  else
+    emit((struct pst_record){ .type = PST_REC_FREE, .free = { addr, 0x100 } });
+}
+
+static void iteration(int it) {
+  emit((struct pst_record){ .type = PST_REC_ITERATION, .iteration = { (uint64_t)it, it < WARMUP ? 0 : LAYERS * 5 } });
+  emit((struct pst_record){ .type = PST_REC_COPY, .copy = { PST_COPY_H2D, 8000000, 0x5000, BASE + LAYERS * CHUNK, 0x100, now, now + 200000 } });
+  advance(200000);
+  synth_alloc_workspace(true);
+  for (uint32_t l = 0; l < LAYERS; l++) {
+    launch("ampere_bf16_gemm_fwd", l, it);
+    launch("gelu_fwd", l, it);
+    nonmodel += 8 * MIB;
+  }
+  for (uint32_t l = LAYERS; l-- > 0;) {
+    launch("ampere_bf16_gemm_bwd", l, it);
+    launch("gelu_bwd", l, it);
+    nonmodel -= 8 * MIB;
+  }
+  for (uint32_t l = 0; l < LAYERS; l++) launch("multi_tensor_apply_adamw", l, it);
+  synth_alloc_workspace(false);
+  emit((struct pst_record){ .type = PST_REC_COPY, .copy = { PST_COPY_D2H, 4000, BASE, 0x6000, 0x100, now, now + 10000 } });
+  advance(10000);
+  emit((struct pst_record){ .type = PST_REC_SYNC, .sync = { PST_SYNC_DEVICE, 0 } });
+  pst_trace_flush(); /* the synthetic clock outruns the flush thread's */
+}
+
+int main(int argc, char **argv) {
+  if (argc != 2) {
+    fprintf(stderr, "usage: test_report_synth OUT.trace\n");
+    return 1;
+  }
+  const struct pst_trace_header h = { .chunk_size = CHUNK, .gpu_budget = (SLOTS + 1) * CHUNK + 256 * MIB,
+                                      .host_budget = 8192 * MIB, .device = "NVIDIA H200 (synthetic)",
+                                      .space_base = BASE, .space_size = 1ull << 40, .start_ns = T0,
+                                      .wall_ns = 1764403200000000000ull /* 2025-11-29 08:00 UTC */ };
+  if (!pst_trace_open(argv[1], &h)) return 1;
+  emit((struct pst_record){ .type = PST_REC_NOTE, .note = { 0, "synthetic trace written by test_report_synth" } });
+  synth_alloc_params();
+  advance(2000000);
+  for (int it = 0; it < ITERS; it++) iteration(it);
+  pst_trace_close();
+
+  printf("expect app copy h2d|%.3f|%d\n", 8.0 * ITERS, ITERS);
+  printf("expect app copy d2h|%.3f|%d\n", 0.004 * ITERS, ITERS);
+  for (int d = 0; d < 2; d++)
+    for (int r = 0; r < 3; r++)
+      if (moved_times[d][r])
+        printf("expect paging %s (%s)|%.3f|%llu\n", pst_direction_name((unsigned)d), pst_reason_name((unsigned)r),
+               (double)moved_bytes[d][r] / 1e6, (unsigned long long)moved_times[d][r]);
+  return 0;
+}

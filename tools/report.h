@@ -1,0 +1,87 @@
+/* psshim-report's model of a trace, and the outputs drawn from it. */
+#ifndef PSSHIM_REPORT_H
+#define PSSHIM_REPORT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "tracer/tracer.h"
+
+/* A trace read whole, events sorted by time (file order among equal times). */
+struct rp_stack {
+  uint32_t depth;
+  struct pst_frame *frames;
+};
+
+struct rp_trace {
+  const char *path;
+  struct pst_trace_header hdr;
+  struct pst_read_stats stats;
+  char error[256]; /* the reader's first problem, "" if none */
+  char **strings;  /* by id; NULL where never defined */
+  size_t nstrings;
+  struct rp_stack *stacks; /* by id */
+  size_t nstacks;
+  struct pst_record *ev; /* everything but STRING and STACK; own copies of arrays, texts */
+  size_t nev;
+  uint64_t t0, t1;       /* start (the header's) and the last timestamp seen */
+};
+
+/* Reads path. False (with a message in err) when it cannot be read at all; otherwise the
+ * trace holds what was readable and t->error says what was not. */
+bool rp_load(const char *path, struct rp_trace *t, char *err, size_t errlen);
+void rp_free(struct rp_trace *t);
+const char *rp_string(const struct rp_trace *t, uint32_t id); /* "?" when unknown */
+
+/* ---- derived: chunk residency, computed once and shared by text and HTML ---- */
+enum rp_where { RP_NONE = 0, RP_GPU, RP_HOST };
+struct rp_span { uint64_t from, to; uint8_t where; };
+struct rp_chunk {
+  uint32_t id;
+  uint64_t size;
+  struct rp_span *spans; /* consecutive, from first sight to release or the trace's end */
+  size_t nspans;
+  uint64_t gpu_ns, host_ns;
+  uint64_t ins, outs, bytes_in, bytes_out;
+};
+struct rp_chunks {
+  struct rp_chunk *c; /* sorted by id */
+  size_t n;
+};
+/* From CHUNK frame events, and MIGRATION ends where a chunk has no frame events. */
+bool rp_chunks_build(const struct rp_trace *t, struct rp_chunks *out);
+void rp_chunks_free(struct rp_chunks *cs);
+
+/* ---- outputs; each returns false after one line on stderr ---- */
+bool rp_text(const struct rp_trace *t, const struct rp_chunks *cs, FILE *out);
+bool rp_perfetto(const struct rp_trace *t, const char *path);
+bool rp_html(const struct rp_trace *t, const struct rp_chunks *cs, const char *path);
+/* Replays the recorded accesses with each chunk size in sizes[0..n) at budget bytes. */
+bool rp_chunk_advice(const struct rp_trace *t, const uint64_t *sizes, size_t n, uint64_t budget,
+                     FILE *out);
+
+/* ---- a map from 64-bit keys (addresses) to 64-bit values ---- */
+struct rp_map {
+  uint64_t *keys, *vals; /* key 0 is free: addresses are never 0 */
+  size_t cap, n;
+};
+/* False: out of memory. Key 0 is never stored (lookups of 0 find nothing). */
+bool rp_map_put(struct rp_map *m, uint64_t key, uint64_t val);
+bool rp_map_get(const struct rp_map *m, uint64_t key, uint64_t *val);
+bool rp_map_del(struct rp_map *m, uint64_t key, uint64_t *val);
+void rp_map_free(struct rp_map *m);
+
+/* ---- formatting helpers ---- */
+/* "1.5 GiB", "64 MiB", "512 B" into buf. */
+const char *rp_bytes(uint64_t b, char *buf, size_t len);
+/* Seconds since the trace's start. */
+double rp_secs(const struct rp_trace *t, uint64_t ns);
+/* Writes s (n bytes) as a JSON string body / HTML text, escaped. */
+void rp_json_escape(FILE *f, const char *s, size_t n);
+void rp_html_escape(FILE *f, const char *s);
+/* Parses "64M", "1G", "512K", "4096" (binary multiples). */
+bool rp_parse_size(const char *s, uint64_t *out);
+
+#endif

@@ -1,0 +1,354 @@
+/* --chunk-size: which chunk size would have moved the fewest bytes?
+ *
+ * The recorded accesses (each LAUNCH's pointers, mapped to the allocations that held them
+ * through ALLOC and FREE) are re-packed into chunks of each candidate size by a first-fit
+ * packer, as psshim's allocator would, and replayed through the policy simulator at the
+ * run's GPU budget. The trace does not say which pointers a kernel wrote, so every touch
+ * counts as a write: each eviction costs a copy back, as the worst case would. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "policy/policy.h"
+#include "tools/report.h"
+
+enum {
+  ALIGN = 512,        /* sub-allocations start on 512 bytes, as cudaMalloc's do */
+  BIG_ROUND = 2 << 20 /* an allocation larger than a chunk gets one of its own, rounded to
+                         the VMM granularity */
+};
+
+/* What the replay needs from the trace, independent of the chunk size. */
+struct accesses {
+  uint64_t *size; /* by allocation number */
+  size_t nallocs;
+  struct op { uint32_t alloc; bool free; } *ops; /* ALLOC and FREE in time order */
+  size_t nops;
+  uint32_t *touch;  /* allocations touched, moment after moment */
+  size_t ntouch;
+  size_t *first;    /* moment m touches touch[first[m] .. first[m + 1]) */
+  uint64_t *nonmodel;
+  size_t nmoments;
+  uint64_t launches, pointers, matched;
+  bool periodic; /* the window is one iteration */
+  char window[64];
+};
+
+/* Live allocations, sorted by address, to find the one holding an interior pointer. */
+struct live { uint64_t addr, end; uint32_t alloc; };
+
+static size_t live_find(const struct live *l, size_t n, uint64_t addr) {
+  size_t lo = 0, hi = n; /* first entry with addr > the one sought */
+  while (lo < hi) {
+    const size_t mid = (lo + hi) / 2;
+    if (l[mid].addr <= addr) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+#define PUSH(arr, n, cap, val)                                               \
+  do {                                                                       \
+    if ((n) == (cap)) {                                                      \
+      size_t c_ = (cap) ? (cap) * 2 : 1024;                                  \
+      void *p_ = realloc((arr), c_ * sizeof *(arr));                         \
+      if (!p_) goto oom;                                                     \
+      (arr) = p_;                                                            \
+      (cap) = c_;                                                            \
+    }                                                                        \
+    (arr)[(n)++] = (val);                                                    \
+  } while (0)
+
+static void accesses_free(struct accesses *a) {
+  free(a->size);
+  free(a->ops);
+  free(a->touch);
+  free(a->first);
+  free(a->nonmodel);
+  memset(a, 0, sizeof *a);
+}
+
+/* The last complete iteration when ITERATION records mark two or more (true); else all of
+ * the run. */
+static bool pick_window(const struct rp_trace *t, uint64_t *from, uint64_t *to, char *desc, size_t len) {
+  const struct pst_record *last = NULL, *before = NULL;
+  for (size_t i = 0; i < t->nev; i++)
+    if (t->ev[i].type == PST_REC_ITERATION) {
+      before = last;
+      last = &t->ev[i];
+    }
+  if (before) {
+    *from = before->ts_ns;
+    *to = last->ts_ns;
+    snprintf(desc, len, "iteration %llu (the last complete one)", (unsigned long long)before->iteration.iteration);
+    return true;
+  }
+  *from = 0;
+  *to = UINT64_MAX;
+  snprintf(desc, len, "the whole run");
+  return false;
+}
+
+static bool gather(const struct rp_trace *t, struct accesses *a) {
+  size_t cap_size = 0, cap_ops = 0, cap_touch = 0, cap_first = 0, nfirst = 0, cap_nm = 0, nlive = 0, cap_live = 0;
+  struct live *live = NULL;
+  uint64_t from, to, nonmodel = 0;
+  memset(a, 0, sizeof *a);
+  a->periodic = pick_window(t, &from, &to, a->window, sizeof a->window);
+  for (size_t i = 0; i < t->nev; i++) {
+    const struct pst_record *r = &t->ev[i];
+    if (r->type == PST_REC_SAMPLE) nonmodel = r->sample.nonmodel_gpu_bytes;
+    if (r->type == PST_REC_ALLOC && r->alloc.size) {
+      const uint32_t id = (uint32_t)a->nallocs;
+      PUSH(a->size, a->nallocs, cap_size, r->alloc.size);
+      PUSH(a->ops, a->nops, cap_ops, ((struct op){ id, false }));
+      PUSH(live, nlive, cap_live, ((struct live){ 0 }));
+      const size_t at = live_find(live, nlive - 1, r->alloc.addr);
+      memmove(&live[at + 1], &live[at], (nlive - 1 - at) * sizeof *live);
+      live[at] = (struct live){ r->alloc.addr, r->alloc.addr + r->alloc.size, id };
+    } else if (r->type == PST_REC_FREE) {
+      const size_t at = live_find(live, nlive, r->free.addr);
+      if (at == 0 || live[at - 1].addr != r->free.addr) continue; /* not one of ours */
+      PUSH(a->ops, a->nops, cap_ops, ((struct op){ live[at - 1].alloc, true }));
+      memmove(&live[at - 1], &live[at], (nlive - at) * sizeof *live);
+      nlive--;
+    } else if (r->type == PST_REC_LAUNCH && r->ts_ns >= from && r->ts_ns < to) {
+      a->launches++;
+      PUSH(a->first, nfirst, cap_first, a->ntouch);
+      PUSH(a->nonmodel, a->nmoments, cap_nm, nonmodel);
+      for (uint32_t k = 0; k < r->launch.n; k++) {
+        const size_t at = live_find(live, nlive, r->launch.ptrs[k]);
+        a->pointers++;
+        if (at == 0 || r->launch.ptrs[k] >= live[at - 1].end) continue; /* not into an allocation */
+        a->matched++;
+        PUSH(a->touch, a->ntouch, cap_touch, live[at - 1].alloc);
+      }
+    }
+  }
+  PUSH(a->first, nfirst, cap_first, a->ntouch); /* the end of the last moment */
+  free(live);
+  return true;
+oom:
+  free(live);
+  accesses_free(a);
+  return false;
+}
+
+/* ---- the first-fit packer ---- */
+struct hole { uint64_t off, len; };
+struct pchunk {
+  uint64_t size;
+  bool big;
+  struct hole *holes; /* sorted by offset, never adjacent */
+  size_t nholes, cap;
+};
+struct packing {
+  struct pchunk *c;
+  size_t n, cap;
+  uint32_t *chunk_of; /* by allocation */
+  uint64_t *off_of;
+  uint64_t footprint, peak_footprint;
+};
+
+static uint64_t round_up(uint64_t v, uint64_t to) {
+  return (v + to - 1) / to * to;
+}
+
+static bool new_chunk(struct packing *p, uint64_t size, bool big) {
+  if (p->n == p->cap) {
+    size_t c = p->cap ? p->cap * 2 : 64;
+    struct pchunk *n = realloc(p->c, c * sizeof *n);
+    if (!n) return false;
+    p->c = n;
+    p->cap = c;
+  }
+  struct pchunk *c = &p->c[p->n++];
+  *c = (struct pchunk){ .size = size, .big = big, .holes = malloc(sizeof *c->holes), .cap = 1 };
+  if (!c->holes) return false;
+  if (!big) c->holes[c->nholes++] = (struct hole){ 0, size };
+  p->footprint += size;
+  if (p->footprint > p->peak_footprint) p->peak_footprint = p->footprint;
+  return true;
+}
+
+static bool place(struct packing *p, uint32_t alloc, uint64_t bytes, uint64_t chunk_size) {
+  const uint64_t need = round_up(bytes, ALIGN);
+  if (need > chunk_size) {
+    if (!new_chunk(p, round_up(bytes, BIG_ROUND), true)) return false;
+    p->chunk_of[alloc] = (uint32_t)(p->n - 1);
+    p->off_of[alloc] = 0;
+    return true;
+  }
+  for (size_t i = 0; i <= p->n; i++) {
+    if (i == p->n && !new_chunk(p, chunk_size, false)) return false;
+    struct pchunk *c = &p->c[i];
+    if (c->big) continue;
+    for (size_t h = 0; h < c->nholes; h++) {
+      if (c->holes[h].len < need) continue;
+      p->chunk_of[alloc] = (uint32_t)i;
+      p->off_of[alloc] = c->holes[h].off;
+      c->holes[h].off += need;
+      c->holes[h].len -= need;
+      if (!c->holes[h].len) memmove(&c->holes[h], &c->holes[h + 1], (--c->nholes - h) * sizeof *c->holes);
+      return true;
+    }
+  }
+  return false; /* not reached: a new chunk always fits */
+}
+
+static bool unplace(struct packing *p, uint32_t alloc, uint64_t bytes) {
+  struct pchunk *c = &p->c[p->chunk_of[alloc]];
+  if (c->big) { /* released with its allocation, as the allocator would */
+    p->footprint -= c->size;
+    return true;
+  }
+  const struct hole h = { p->off_of[alloc], round_up(bytes, ALIGN) };
+  size_t at = 0;
+  while (at < c->nholes && c->holes[at].off < h.off) at++;
+  const bool left = at > 0 && c->holes[at - 1].off + c->holes[at - 1].len == h.off;
+  const bool right = at < c->nholes && h.off + h.len == c->holes[at].off;
+  if (left && right) {
+    c->holes[at - 1].len += h.len + c->holes[at].len;
+    memmove(&c->holes[at], &c->holes[at + 1], (--c->nholes - at) * sizeof *c->holes);
+  } else if (left) {
+    c->holes[at - 1].len += h.len;
+  } else if (right) {
+    c->holes[at].off = h.off;
+    c->holes[at].len += h.len;
+  } else {
+    if (c->nholes == c->cap) {
+      struct hole *n = realloc(c->holes, c->cap * 2 * sizeof *n);
+      if (!n) return false;
+      c->holes = n;
+      c->cap *= 2;
+    }
+    memmove(&c->holes[at + 1], &c->holes[at], (c->nholes - at) * sizeof *c->holes);
+    c->holes[at] = h;
+    c->nholes++;
+  }
+  return true;
+}
+
+static void packing_free(struct packing *p) {
+  for (size_t i = 0; i < p->n; i++) free(p->c[i].holes);
+  free(p->c);
+  free(p->chunk_of);
+  free(p->off_of);
+  memset(p, 0, sizeof *p);
+}
+
+static bool pack(const struct accesses *a, uint64_t chunk_size, struct packing *p) {
+  memset(p, 0, sizeof *p);
+  p->chunk_of = malloc((a->nallocs + 1) * sizeof *p->chunk_of);
+  p->off_of = malloc((a->nallocs + 1) * sizeof *p->off_of);
+  bool ok = p->chunk_of && p->off_of;
+  for (size_t i = 0; i < a->nops && ok; i++) {
+    const struct op *o = &a->ops[i];
+    ok = o->free ? unplace(p, o->alloc, a->size[o->alloc]) : place(p, o->alloc, a->size[o->alloc], chunk_size);
+  }
+  if (!ok) packing_free(p);
+  return ok;
+}
+
+/* ---- replay ---- */
+struct result {
+  uint64_t chunk_size;
+  size_t chunks;
+  uint64_t footprint;
+  psp_sim opt, lru;
+};
+
+static uint64_t moved(const psp_sim *s) {
+  return s->bytes_in + s->bytes_out;
+}
+
+/* The traffic of the last of `iterations` simulated ones: warm, not the cold start. */
+static int simulate_last(const psp_schedule *s, uint64_t budget, psp_policy pol, uint32_t iterations,
+                         psp_sim *out) {
+  psp_sim all, before = { 0 };
+  if (psp_simulate(s, budget, pol, iterations, &all) != 0) return -1;
+  if (iterations > 1 && psp_simulate(s, budget, pol, iterations - 1, &before) != 0) return -1;
+  *out = (psp_sim){ all.page_ins - before.page_ins, all.bytes_in - before.bytes_in,
+                    all.page_outs - before.page_outs, all.bytes_out - before.bytes_out,
+                    all.drops - before.drops, all.in_place_moments - before.in_place_moments };
+  return 0;
+}
+
+static bool replay(const struct accesses *a, uint64_t chunk_size, uint64_t budget, uint32_t iterations,
+                   struct result *res) {
+  struct packing p;
+  if (!pack(a, chunk_size, &p)) return false;
+  psp_schedule *s = psp_schedule_new();
+  int rc = s ? 0 : -1;
+  for (size_t c = 0; c < p.n && rc == 0; c++) rc = psp_schedule_chunk(s, (uint32_t)c, p.c[c].size);
+  for (size_t m = 0; m < a->nmoments && rc == 0; m++) {
+    rc = psp_schedule_moment(s, a->nonmodel[m]);
+    for (size_t k = a->first[m]; k < a->first[m + 1] && rc == 0; k++)
+      rc = psp_schedule_touch(s, p.chunk_of[a->touch[k]], true);
+  }
+  if (rc == 0) rc = psp_schedule_seal(s);
+  *res = (struct result){ .chunk_size = chunk_size, .chunks = p.n, .footprint = p.peak_footprint };
+  if (rc == 0) rc = simulate_last(s, budget, PSP_POLICY_OPT, iterations, &res->opt);
+  if (rc == 0) rc = simulate_last(s, budget, PSP_POLICY_LRU, iterations, &res->lru);
+  psp_schedule_free(s);
+  packing_free(&p);
+  return rc == 0;
+}
+
+/* A size as PSSHIM_CHUNK_SIZE takes it: "64M". */
+static const char *env_size(uint64_t v, char *buf, size_t len) {
+  static const char unit[] = "KMGT";
+  int u = -1;
+  while (u < 3 && v % 1024 == 0 && v >= 1024) {
+    v /= 1024;
+    u++;
+  }
+  if (u < 0) snprintf(buf, len, "%llu", (unsigned long long)v);
+  else snprintf(buf, len, "%llu%c", (unsigned long long)v, unit[u]);
+  return buf;
+}
+
+bool rp_chunk_advice(const struct rp_trace *t, const uint64_t *sizes, size_t n, uint64_t budget, FILE *out) {
+  struct accesses a;
+  char b[32], c[32];
+  if (!gather(t, &a)) {
+    fprintf(stderr, "psshim-report: out of memory\n");
+    return false;
+  }
+  const uint32_t iterations = a.periodic ? 3 : 1;
+  fprintf(out, "\nCHUNK SIZE ADVICE\n");
+  fprintf(out, "  replaying %s: %llu launches, %llu of their %llu pointers into %zu allocations\n", a.window,
+          (unsigned long long)a.launches, (unsigned long long)a.matched, (unsigned long long)a.pointers, a.nallocs);
+  if (!a.matched) {
+    fprintf(out, "  nothing to replay: no launch pointer falls inside an ALLOC'd range\n");
+    accesses_free(&a);
+    return true;
+  }
+  fprintf(out, "  GPU budget %s for chunks and non-model memory (sampled) together, as policy/ counts it\n",
+          rp_bytes(budget, b, sizeof b));
+  fprintf(out, "  %s; every touched chunk counted as written\n",
+          a.periodic ? "bytes moved per iteration once warm (the third of three replayed)" : "bytes moved from a cold start");
+  fprintf(out, "  %10s %8s %11s %11s %13s %13s %11s\n", "chunk size", "chunks", "footprint", "OPT page-ins",
+          "OPT moved MB", "LRU moved MB", "in place");
+  struct result best = { 0 };
+  bool ok = true;
+  for (size_t i = 0; i < n && ok; i++) {
+    struct result r;
+    ok = replay(&a, sizes[i], budget, iterations, &r);
+    if (!ok) break;
+    fprintf(out, "  %10s %8zu %11s %11llu %13.1f %13.1f %11llu\n", rp_bytes(r.chunk_size, b, sizeof b), r.chunks,
+            rp_bytes(r.footprint, c, sizeof c), (unsigned long long)r.opt.page_ins, (double)moved(&r.opt) / 1e6,
+            (double)moved(&r.lru) / 1e6, (unsigned long long)r.opt.in_place_moments);
+    /* Least traffic under OPT (what psshim does with a warm-up trace); ties go to fewer
+     * copies, which run closer to full bandwidth. */
+    if (i == 0 || moved(&r.opt) < moved(&best.opt) ||
+        (moved(&r.opt) == moved(&best.opt) && r.opt.page_ins < best.opt.page_ins))
+      best = r;
+  }
+  if (ok)
+    fprintf(out, "  recommended: PSSHIM_CHUNK_SIZE=%s (%.1f MB moved under OPT, %s footprint)\n",
+            env_size(best.chunk_size, b, sizeof b), (double)moved(&best.opt) / 1e6, rp_bytes(best.footprint, c, sizeof c));
+  else
+    fprintf(stderr, "psshim-report: chunk-size replay failed (out of memory)\n");
+  accesses_free(&a);
+  return ok;
+}

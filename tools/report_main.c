@@ -1,0 +1,111 @@
+/* psshim-report: reads a psshim trace and tells what happened (see usage below). */
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tools/report.h"
+
+enum { EXIT_OK = 0, EXIT_USAGE = 1, EXIT_TRACE = 2 };
+#define DEFAULT_SIZES "16M,32M,64M,128M,256M,512M"
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: psshim-report FILE [options]\n"
+          "\n"
+          "Reads a trace written by libpsshim.so (PSSHIM_TRACE=FILE) and prints a summary: the run,\n"
+          "time per phase (warm-up and steady iterations), a DATA MOVE table of every kind of\n"
+          "transfer, the top allocation sites, and where each chunk lived.\n"
+          "\n"
+          "options:\n"
+          "  --perfetto OUT.json    Chrome trace-event JSON: open it in ui.perfetto.dev or\n"
+          "                         chrome://tracing (streams as tracks, memory as counters)\n"
+          "  --html OUT.html        one self-contained page: memory over time, chunk residency\n"
+          "  --chunk-size[=LIST]    replay the recorded accesses with each chunk size in LIST\n"
+          "                         (default " DEFAULT_SIZES ") through the OPT and LRU\n"
+          "                         simulators and recommend the one that moves the fewest bytes\n"
+          "  --budget SIZE          GPU budget for --chunk-size (default: the run's)\n"
+          "  --help, --version\n"
+          "\n"
+          "Sizes take K, M, G, T (binary) suffixes. Exit status: 0 ok; 1 bad usage; 2 the file\n"
+          "cannot be read or is damaged (what was readable is still reported).\n");
+}
+
+static bool parse_sizes(const char *list, uint64_t **out, size_t *n) {
+  char *copy = strdup(list), *save = NULL;
+  *out = calloc(strlen(list) / 2 + 2, sizeof **out);
+  *n = 0;
+  bool ok = copy && *out;
+  for (char *tok = ok ? strtok_r(copy, ",", &save) : NULL; tok && ok; tok = strtok_r(NULL, ",", &save))
+    ok = rp_parse_size(tok, &(*out)[(*n)++]);
+  free(copy);
+  return ok && *n > 0;
+}
+
+int main(int argc, char **argv) {
+  static const struct option opts[] = {
+    { "perfetto", required_argument, NULL, 'p' }, { "html", required_argument, NULL, 'w' },
+    { "chunk-size", optional_argument, NULL, 'c' }, { "budget", required_argument, NULL, 'b' },
+    { "help", no_argument, NULL, 'h' },           { "version", no_argument, NULL, 'V' },
+    { NULL, 0, NULL, 0 },
+  };
+  const char *perfetto = NULL, *html = NULL, *sizes_arg = NULL;
+  uint64_t budget = 0;
+  int c;
+  while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    switch (c) {
+    case 'p': perfetto = optarg; break;
+    case 'w': html = optarg; break;
+    case 'c': sizes_arg = optarg ? optarg : DEFAULT_SIZES; break;
+    case 'b':
+      if (!rp_parse_size(optarg, &budget)) {
+        fprintf(stderr, "psshim-report: --budget takes a size like 16G, not '%s'\n", optarg);
+        return EXIT_USAGE;
+      }
+      break;
+    case 'h': usage(stdout); return EXIT_OK;
+    case 'V': printf("psshim-report %s (reads trace format version %u)\n", PSSHIM_VERSION, PST_TRACE_VERSION); return EXIT_OK;
+    default: usage(stderr); return EXIT_USAGE;
+    }
+  }
+  if (optind != argc - 1) {
+    fprintf(stderr, "psshim-report: give exactly one trace FILE\n");
+    usage(stderr);
+    return EXIT_USAGE;
+  }
+  uint64_t *sizes = NULL;
+  size_t nsizes = 0;
+  if (sizes_arg && !parse_sizes(sizes_arg, &sizes, &nsizes)) {
+    fprintf(stderr, "psshim-report: --chunk-size takes sizes like 32M,64M, not '%s'\n", sizes_arg);
+    free(sizes);
+    return EXIT_USAGE;
+  }
+
+  struct rp_trace t;
+  char err[512];
+  if (!rp_load(argv[optind], &t, err, sizeof err)) {
+    fprintf(stderr, "psshim-report: %s\n", err);
+    free(sizes);
+    return EXIT_TRACE;
+  }
+  if (sizes && !budget) budget = t.hdr.gpu_budget;
+  if (sizes && !budget) {
+    fprintf(stderr, "psshim-report: the trace records no GPU budget: give --budget SIZE with --chunk-size\n");
+    rp_free(&t);
+    free(sizes);
+    return EXIT_USAGE;
+  }
+  struct rp_chunks cs;
+  bool ok = rp_chunks_build(&t, &cs);
+  if (!ok) fprintf(stderr, "psshim-report: out of memory\n");
+  ok = ok && rp_text(&t, &cs, stdout);
+  if (ok && sizes) ok = rp_chunk_advice(&t, sizes, nsizes, budget, stdout);
+  if (ok && perfetto) ok = rp_perfetto(&t, perfetto);
+  if (ok && html) ok = rp_html(&t, &cs, html);
+  if (t.error[0])
+    fprintf(stderr, "psshim-report: %s: %s (the report covers what was readable)\n", t.path, t.error);
+  const int rc = !ok || t.error[0] ? EXIT_TRACE : EXIT_OK;
+  rp_chunks_free(&cs);
+  rp_free(&t);
+  free(sizes);
+  return rc;
+}

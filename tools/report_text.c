@@ -1,0 +1,257 @@
+/* psshim-report's text summary, in the spirit of PatrickStar's profiler: the run, its
+ * phases, every kind of data movement, where memory was allocated, where chunks lived. */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "tools/report.h"
+
+#define MB 1e6 /* the DATA MOVE table's unit, like GB/s on a spec sheet */
+
+static void run_header(const struct rp_trace *t, FILE *f) {
+  const struct pst_trace_header *h = &t->hdr;
+  char when[64] = "?", a[32], b[32], c[32], d[32];
+  const time_t secs = (time_t)(h->wall_ns / 1000000000ull);
+  struct tm tm;
+  if (h->wall_ns && gmtime_r(&secs, &tm)) strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", &tm);
+  fprintf(f, "psshim-report %s\n\n", t->path);
+  fprintf(f, "RUN\n");
+  fprintf(f, "  process     pid %u on %s, started %s, traced for %.3f s\n", h->pid,
+          h->device[0] ? h->device : "an unnamed device", when, rp_secs(t, t->t1));
+  fprintf(f, "  chunks      %s each; GPU budget %s, host budget %s\n", rp_bytes(h->chunk_size, a, sizeof a),
+          h->gpu_budget ? rp_bytes(h->gpu_budget, b, sizeof b) : "unset",
+          h->host_budget ? rp_bytes(h->host_budget, c, sizeof c) : "unset");
+  fprintf(f, "  chunk space 0x%llx, %s\n", (unsigned long long)h->space_base,
+          rp_bytes(h->space_size, d, sizeof d));
+
+  size_t count[PST_REC_TYPE_COUNT] = { 0 };
+  for (size_t i = 0; i < t->nev; i++) count[t->ev[i].type]++;
+  fprintf(f, "  trace       %llu records in %llu blocks, %s; %s\n", (unsigned long long)t->stats.records,
+          (unsigned long long)t->stats.blocks, rp_bytes(t->stats.good_bytes, a, sizeof a),
+          t->stats.clean_end ? "closed cleanly" : "not closed (the process died or is still running)");
+  fprintf(f, "  records    ");
+  for (unsigned k = PST_REC_ALLOC; k < PST_REC_END; k++)
+    if (count[k]) fprintf(f, " %zu %s", count[k], pst_record_type_name(k));
+  fprintf(f, "\n");
+  if (t->error[0])
+    fprintf(f, "  damage      %s; %s unreadable\n", t->error, rp_bytes(t->stats.lost_bytes, a, sizeof a));
+  size_t shown = 0;
+  for (size_t i = 0; i < t->nev; i++) {
+    if (t->ev[i].type != PST_REC_NOTE) continue;
+    if (shown++ < 20)
+      fprintf(f, "  note        +%.3f s  %s\n", rp_secs(t, t->ev[i].ts_ns), t->ev[i].note.text);
+  }
+  if (shown > 20) fprintf(f, "  note        ... and %zu more\n", shown - 20);
+}
+
+/* Per phase: iterations between consecutive ITERATION records; an iteration belongs to the
+ * steady phase once the period was known when it began. */
+static void phases(const struct rp_trace *t, FILE *f) {
+  struct acc { size_t iters, launches; double secs, min, max; uint64_t moved; } ph[2] = { 0 };
+  const char *names[2] = { "warm-up", "steady" };
+  size_t prev = SIZE_MAX, launches = 0;
+  uint64_t moved = 0, first = 0;
+  fprintf(f, "\nPHASES\n");
+  for (size_t i = 0; i < t->nev; i++) {
+    const struct pst_record *r = &t->ev[i];
+    if (r->type == PST_REC_LAUNCH) launches++;
+    if (r->type == PST_REC_MIGRATION) moved += r->migration.bytes;
+    if (r->type != PST_REC_ITERATION) continue;
+    if (prev == SIZE_MAX) {
+      first = r->ts_ns;
+    } else {
+      const struct pst_record *p = &t->ev[prev];
+      struct acc *a = &ph[p->iteration.period != 0];
+      const double s = (double)(r->ts_ns - p->ts_ns) / 1e9;
+      if (!a->iters || s < a->min) a->min = s;
+      if (s > a->max) a->max = s;
+      a->iters++;
+      a->secs += s;
+      a->launches += launches;
+      a->moved += moved;
+    }
+    prev = i;
+    launches = 0;
+    moved = 0;
+  }
+  if (prev == SIZE_MAX) {
+    fprintf(f, "  no ITERATION records: the run is one phase of %.3f s\n", rp_secs(t, t->t1));
+    return;
+  }
+  fprintf(f, "  before the first iteration mark: %.3f s\n", rp_secs(t, first));
+  fprintf(f, "  %-8s %10s %10s %10s %10s %10s %12s %14s\n", "phase", "iterations", "total s", "mean s",
+          "min s", "max s", "launches/it", "paged MB/it");
+  for (int k = 0; k < 2; k++) {
+    const struct acc *a = &ph[k];
+    if (!a->iters) continue;
+    fprintf(f, "  %-8s %10zu %10.3f %10.4f %10.4f %10.4f %12.0f %14.1f\n", names[k], a->iters, a->secs,
+            a->secs / (double)a->iters, a->min, a->max, (double)a->launches / (double)a->iters,
+            (double)a->moved / MB / (double)a->iters);
+  }
+  const struct pst_record *last = &t->ev[prev];
+  fprintf(f, "  after the last mark (iteration %llu): %.3f s until the trace ends, not counted above\n",
+          (unsigned long long)last->iteration.iteration, rp_secs(t, t->t1) - rp_secs(t, last->ts_ns));
+}
+
+static void data_move(const struct rp_trace *t, FILE *f) {
+  /* rows: the four copy kinds, then migrations by direction and reason */
+  enum { COPIES = 4, ROWS = COPIES + 2 * 3 };
+  struct row { uint64_t bytes, times, ns; } row[ROWS] = { { 0 } };
+  for (size_t i = 0; i < t->nev; i++) {
+    const struct pst_record *r = &t->ev[i];
+    struct row *w;
+    uint64_t start, end;
+    if (r->type == PST_REC_COPY && r->copy.kind < COPIES) {
+      w = &row[r->copy.kind];
+      w->bytes += r->copy.bytes;
+      start = r->copy.start_ns, end = r->copy.end_ns;
+    } else if (r->type == PST_REC_MIGRATION && r->migration.direction < 2 && r->migration.reason < 3) {
+      w = &row[COPIES + r->migration.direction * 3 + r->migration.reason];
+      w->bytes += r->migration.bytes;
+      start = r->migration.start_ns, end = r->migration.end_ns;
+    } else {
+      continue;
+    }
+    w->times++;
+    if (end > start) w->ns += end - start;
+  }
+  fprintf(f, "\nDATA MOVE (MB = 10^6 bytes; MB/s over the time the transfers took)\n");
+  fprintf(f, "  %-28s %12s %10s %12s %12s\n", "kind", "MB", "times", "busy ms", "MB/s");
+  bool any = false;
+  struct row paging = { 0 };
+  for (int k = 0; k < ROWS; k++) {
+    const struct row *w = &row[k];
+    if (!w->times) continue;
+    char name[64];
+    if (k < COPIES) snprintf(name, sizeof name, "app copy %s", pst_copy_kind_name((unsigned)k));
+    else snprintf(name, sizeof name, "paging %s (%s)", pst_direction_name((unsigned)(k - COPIES) / 3),
+                  pst_reason_name((unsigned)(k - COPIES) % 3));
+    char rate[32] = "-";
+    if (w->ns) snprintf(rate, sizeof rate, "%.1f", (double)w->bytes / MB / ((double)w->ns / 1e9));
+    fprintf(f, "  %-28s %12.3f %10llu %12.3f %12s\n", name, (double)w->bytes / MB,
+            (unsigned long long)w->times, (double)w->ns / 1e6, rate);
+    if (k >= COPIES) {
+      paging.bytes += w->bytes;
+      paging.times += w->times;
+      paging.ns += w->ns;
+    }
+    any = true;
+  }
+  if (!any) fprintf(f, "  no copies or migrations recorded\n");
+  if (paging.times)
+    fprintf(f, "  %-28s %12.3f %10llu %12.3f\n", "paging, all", (double)paging.bytes / MB,
+            (unsigned long long)paging.times, (double)paging.ns / 1e6);
+}
+
+struct site { uint32_t stack; uint64_t bytes, allocs, live, peak; };
+static int by_peak(const void *a, const void *b) {
+  const struct site *x = a, *y = b;
+  if (x->peak != y->peak) return x->peak > y->peak ? -1 : 1;
+  return x->bytes > y->bytes ? -1 : x->bytes < y->bytes;
+}
+
+static void print_stack(const struct rp_trace *t, uint32_t id, FILE *f) {
+  if (!id || id >= t->nstacks || !t->stacks[id].frames) {
+    fprintf(f, "      (no stack recorded)\n");
+    return;
+  }
+  const struct rp_stack *s = &t->stacks[id];
+  for (uint32_t i = 0; i < s->depth && i < 8; i++)
+    fprintf(f, "      %s+0x%x\n", rp_string(t, s->frames[i].symbol), s->frames[i].offset);
+  if (s->depth > 8) fprintf(f, "      ... %u more frames\n", s->depth - 8);
+}
+
+static bool alloc_sites(const struct rp_trace *t, FILE *f) {
+  /* Sites by stack id; live bytes follow ALLOC and FREE through a map addr -> ALLOC. */
+  struct site *site = calloc(t->nstacks + 1, sizeof *site);
+  struct rp_map live = { 0 };
+  bool ok = site != NULL;
+  size_t allocs = 0;
+  for (size_t i = 0; i < t->nev && ok; i++) {
+    const struct pst_record *r = &t->ev[i];
+    uint64_t at;
+    if (r->type == PST_REC_ALLOC) {
+      const uint32_t s = r->alloc.stack < t->nstacks ? r->alloc.stack : 0;
+      struct site *w = &site[s];
+      w->stack = s;
+      w->bytes += r->alloc.size;
+      w->allocs++;
+      w->live += r->alloc.size;
+      if (w->live > w->peak) w->peak = w->live;
+      ok = rp_map_put(&live, r->alloc.addr, i);
+      allocs++;
+    } else if (r->type == PST_REC_FREE && rp_map_del(&live, r->free.addr, &at)) {
+      const struct pst_record *a = &t->ev[at];
+      site[a->alloc.stack < t->nstacks ? a->alloc.stack : 0].live -= a->alloc.size;
+    }
+  }
+  rp_map_free(&live);
+  if (!ok) {
+    free(site);
+    fprintf(stderr, "psshim-report: out of memory\n");
+    return false;
+  }
+  fprintf(f, "\nALLOCATION SITES (top 10 by peak live bytes)\n");
+  if (!allocs) fprintf(f, "  no ALLOC records\n");
+  qsort(site, t->nstacks + 1, sizeof *site, by_peak);
+  for (size_t i = 0; i < 10 && i <= t->nstacks && site[i].allocs; i++) {
+    char a[32], b[32];
+    fprintf(f, "  #%zu  peak live %s, %llu allocations, %s in all\n", i + 1, rp_bytes(site[i].peak, a, sizeof a),
+            (unsigned long long)site[i].allocs, rp_bytes(site[i].bytes, b, sizeof b));
+    print_stack(t, site[i].stack, f);
+  }
+  free(site);
+  return true;
+}
+
+static int by_moves(const void *a, const void *b) {
+  const struct rp_chunk *x = a, *y = b;
+  const uint64_t mx = x->ins + x->outs, my = y->ins + y->outs;
+  if (mx != my) return mx > my ? -1 : 1;
+  return x->id < y->id ? -1 : x->id > y->id;
+}
+
+static bool residency(const struct rp_chunks *cs, FILE *f) {
+  enum { SHOW = 40 };
+  fprintf(f, "\nCHUNKS (residency)\n");
+  if (!cs->n) {
+    fprintf(f, "  no CHUNK or MIGRATION records\n");
+    return true;
+  }
+  /* The busiest chunks when there are many; all of them, by id, when few. */
+  struct rp_chunk *c = malloc(cs->n * sizeof *c);
+  if (!c) {
+    fprintf(stderr, "psshim-report: out of memory\n");
+    return false;
+  }
+  memcpy(c, cs->c, cs->n * sizeof *c);
+  if (cs->n > SHOW) qsort(c, cs->n, sizeof *c, by_moves);
+  uint64_t gpu = 0, host = 0, ins = 0, outs = 0;
+  for (size_t i = 0; i < cs->n; i++) {
+    gpu += cs->c[i].gpu_ns;
+    host += cs->c[i].host_ns;
+    ins += cs->c[i].ins;
+    outs += cs->c[i].outs;
+  }
+  fprintf(f, "  %zu chunks; chunk-seconds on GPU %.3f, on host %.3f; %llu page-ins, %llu page-outs\n", cs->n,
+          (double)gpu / 1e9, (double)host / 1e9, (unsigned long long)ins, (unsigned long long)outs);
+  if (cs->n > SHOW) fprintf(f, "  the %d with the most migrations:\n", SHOW);
+  fprintf(f, "  %8s %10s %10s %10s %6s %6s %6s %12s\n", "chunk", "size MiB", "GPU s", "host s", "GPU %",
+          "in", "out", "moved MB");
+  for (size_t i = 0; i < cs->n && i < SHOW; i++) {
+    const double life = (double)(c[i].gpu_ns + c[i].host_ns);
+    fprintf(f, "  %8u %10.1f %10.3f %10.3f %6.1f %6llu %6llu %12.1f\n", c[i].id, (double)c[i].size / 1048576.0,
+            (double)c[i].gpu_ns / 1e9, (double)c[i].host_ns / 1e9, life > 0 ? 100.0 * (double)c[i].gpu_ns / life : 0.0,
+            (unsigned long long)c[i].ins, (unsigned long long)c[i].outs,
+            (double)(c[i].bytes_in + c[i].bytes_out) / MB);
+  }
+  free(c);
+  return true;
+}
+
+bool rp_text(const struct rp_trace *t, const struct rp_chunks *cs, FILE *out) {
+  run_header(t, out);
+  phases(t, out);
+  data_move(t, out);
+  return alloc_sites(t, out) && residency(cs, out);
+}
