@@ -7,9 +7,9 @@
  * j = i - period. Noise (a launch inserted, missing or changed) shifts the alignment by one,
  * so on a mismatch the walk resynchronizes by the step that makes the next few comparisons
  * agree best: both back one (changed), i alone (inserted in the newer copy), j alone
- * (missing from it). A match scores 1 and an edit -penalty, chosen so that a stretch with
- * more than `noise` edits per launch loses score; the walk ends when the score falls BURST
- * edits' worth below its best. The periodic run reaches back to the oldest launch of the
+ * (missing from it). A match scores 1 and an edit -penalty, chosen so that a stretch in
+ * which more than `noise` of the launches are noise loses score; the walk ends when the
+ * score falls BURST edits' worth below its best. The periodic run reaches back to the oldest launch of the
  * last STREAK matches in a row: noise just before that (which the score has not yet paid
  * back) does not cut the run short, and stray matches in the garbage before it do not
  * stretch it.
@@ -66,7 +66,7 @@ psp_period *psp_period_new(uint32_t max_period, uint32_t repeats, double noise)
   /* A noisy launch costs two edits (it is compared once as the newer copy, once as the
    * older), so noise e makes edit rate 2e and scores (1 - 2e) - penalty * 2e per launch,
    * which is < 0 iff e > noise. */
-  d->penalty = noise <= 0 ? INT32_MAX : (int64_t)((1 - 2 * noise) / (2 * noise) + 0.999);
+  d->penalty = noise > 0 ? (int64_t)((1 - 2 * noise) / (2 * noise) + 0.999) : INT32_MAX;
   if (d->penalty < 1) d->penalty = 1;
   d->cand_cap = (size_t)PROBES * (max_period + DRIFT);
   d->ring = malloc(size * sizeof *d->ring);

@@ -40,15 +40,15 @@ static void evict_front(plan *p)
   p->next++;
 }
 
-/* Evicts chunks first used after `deadline` until `need` more bytes fit, keeping `reserve`
- * ops free for the caller. Changes nothing and returns false when that cannot be done. */
-static bool make_room(plan *p, uint64_t need, uint64_t deadline, size_t reserve)
+/* Evicts chunks first used after `deadline` until `need` more bytes fit, keeping one op
+ * free for the fetch. Changes nothing and returns false when that cannot be done. */
+static bool make_room(plan *p, uint64_t need, uint64_t deadline)
 {
   uint64_t used = p->used;
   size_t k = p->next;
   while (used + need > p->room && k < p->n_order && p->order[k].first_use > deadline)
     used -= p->order[k++].cand->bytes;
-  if (used + need > p->room || p->n_ops + (k - p->next) + reserve > p->cap) return false;
+  if (used + need > p->room || p->n_ops + (k - p->next) + 1 > p->cap) return false;
   while (p->next < k) evict_front(p);
   return true;
 }
@@ -96,7 +96,7 @@ int psp_plan(const psp_schedule *s, const psp_plan_req *req, psp_op *ops, size_t
       uint32_t c = uses[i].chunk;
       uint64_t bytes = psp_schedule_chunk_bytes(s, c);
       if (p.resident[c] || (req->in_place && req->in_place[c]) || bytes > p.room) continue;
-      if (!make_room(&p, bytes, m, 1)) goto done;
+      if (!make_room(&p, bytes, m)) goto done;
       ops[p.n_ops++] = (psp_op){.kind = PSP_OP_FETCH, .chunk = c, .next_use = m};
       p.used += bytes;
       p.resident[c] = true;

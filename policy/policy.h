@@ -48,7 +48,7 @@ uint32_t psp_schedule_use_count(const psp_schedule *s, uint32_t chunk, bool *wri
  * iterations, or PSP_NEVER. O(log uses). */
 uint64_t psp_next_use(const psp_schedule *s, uint32_t chunk, uint64_t m);
 /* PatrickStar's margin: the most non-model bytes in use at any moment of [m, m + window).
- * O(1) after sealing. */
+ * Constant time (at most 128 moments scanned). */
 uint64_t psp_schedule_margin(const psp_schedule *s, uint64_t m, uint32_t window);
 
 /* ---- period detection over the stream of launch signatures ---- */
@@ -56,8 +56,9 @@ uint64_t psp_schedule_margin(const psp_schedule *s, uint64_t m, uint32_t window)
 typedef struct psp_period psp_period;
 
 /* Finds periods of up to max_period launches that repeat `repeats` (>= 2) times, allowing
- * `noise` (e.g. 0.02) of launches inserted, missing or changed. Memory, fixed here: 12 bytes
- * times (repeats + 1) * max_period rounded up to a power of two, plus 64 * max_period. */
+ * `noise` (e.g. 0.02; 0: none) of launches inserted, missing or changed. NULL if out of
+ * memory or max_period is 0. Memory, all taken here: 12 bytes times (repeats + 1) *
+ * max_period rounded up to a power of two, plus 64 * max_period. */
 psp_period *psp_period_new(uint32_t max_period, uint32_t repeats, double noise);
 void psp_period_free(psp_period *d);
 void psp_period_feed(psp_period *d, uint64_t signature);  /* O(1) */

@@ -1,10 +1,9 @@
 /* The schedule: moments with their chunk uses and non-model bytes, built incrementally,
- * then sealed into per-chunk sorted use lists (next use = binary search) and block maxima
- * of the non-model bytes (margin = range maximum in O(1)). */
+ * then sealed into per-chunk sorted use lists (next use = binary search) and a sparse
+ * table of block maxima of the non-model bytes (margin = range maximum in constant time). */
 #include <assert.h>
 #include <errno.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "policy/internal.h"
 
@@ -216,10 +215,12 @@ uint64_t psp_schedule_chunk_bytes(const psp_schedule *s, uint32_t chunk)
 
 size_t psp_schedule_uses(const psp_schedule *s, uint64_t m, const psp_use **uses)
 {
-  if (s->n_moments == 0) { *uses = NULL; return 0; }
+  *uses = NULL;
+  if (s->n_moments == 0) return 0;
   uint64_t t = m % s->n_moments;
-  *uses = s->use + s->moment_off[t];
-  return s->moment_off[t + 1] - s->moment_off[t];
+  size_t n = s->moment_off[t + 1] - s->moment_off[t];
+  if (n) *uses = s->use + s->moment_off[t];
+  return n;
 }
 
 uint64_t psp_schedule_nonmodel(const psp_schedule *s, uint64_t m)
