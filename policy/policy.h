@@ -57,8 +57,8 @@ typedef struct psp_period psp_period;
 
 /* Finds periods of up to max_period launches that repeat `repeats` (>= 2) times, allowing
  * `noise` (e.g. 0.02; 0: none) of launches inserted, missing or changed. NULL if out of
- * memory or max_period is 0. Memory, all taken here: 12 bytes times (repeats + 1) *
- * max_period rounded up to a power of two, plus 64 * max_period. */
+ * memory, max_period is 0 or repeats < 2. Memory, all taken here: 12 bytes times
+ * (repeats + 1) * max_period rounded up to a power of two, plus 64 * max_period. */
 psp_period *psp_period_new(uint32_t max_period, uint32_t repeats, double noise);
 void psp_period_free(psp_period *d);
 void psp_period_feed(psp_period *d, uint64_t signature);  /* O(1) */
