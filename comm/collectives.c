@@ -33,12 +33,19 @@ static bool nccl_failed(const char *what, ncclResult_t r) {
 }
 
 /* Shared by every bounded wait: false (after its line and the abort) once NCCL reports an
- * error, a peer is gone, or the wait has lasted longer than the timeout. */
+ * error, a peer is gone or gave up, or the wait has lasted longer than the timeout. */
 static bool still_waiting(const char *what, double start) {
   ncclResult_t async = ncclSuccess;
   psc_nccl.ncclCommGetAsyncError(psc_state.comm, &async);
   if (async != ncclSuccess && async != ncclInProgress) return nccl_failed(what, async);
-  struct psg_failure dead = psg_check_alive(group(), me(), UINT64_MAX);
+  int by;
+  struct psg_failure seen = psg_recorded(group(), &by);
+  struct psg_failure dead = seen.kind == PSG_DEAD ? seen : psg_check_alive(group(), me(), UINT64_MAX);
+  if (seen.kind != PSG_OK && seen.kind != PSG_DEAD) {
+    psc_errorf("%s failed: rank %d stopped first (its own log says why)", what, by);
+    psc_comm_abort(&seen);
+    return false;
+  }
   if (dead.kind == PSG_DEAD) {
     psc_errorf("rank %d (pid %d) died during %s", dead.who, (int)dead.pid, what);
     psc_comm_abort(&dead);

@@ -33,6 +33,7 @@ struct psc_node {
 struct psc_state {
   struct psc_ranks ranks;
   struct psc_node *node; /* NULL: alone, or the join failed */
+  int32_t joined_pid;    /* a forked child inherits the mapping but is not the rank */
   char shm_name[48];
   uint64_t exchanges;    /* psc_exchange_u64 calls so far: picks the slot's exchange[] */
   void *comm;            /* ncclComm_t */

@@ -165,6 +165,7 @@ bool psc_rendezvous_open(const struct psc_ranks *r) {
     return false;
   }
   psc_state.node = node;
+  psc_state.joined_pid = (int32_t)getpid();
   memcpy(psc_state.shm_name, name, sizeof name);
   return true;
 }
@@ -172,7 +173,9 @@ bool psc_rendezvous_open(const struct psc_ranks *r) {
 void psc_rendezvous_close(void) {
   struct psc_node *node = psc_state.node;
   if (!node) return;
-  if (psg_leave(&node->group, psc_state.ranks.local_rank)) shm_unlink(psc_state.shm_name);
+  /* A forked child (a data-loader worker, say) leaving must not take the rank's slot along. */
+  if (getpid() == psc_state.joined_pid && psg_leave(&node->group, psc_state.ranks.local_rank))
+    shm_unlink(psc_state.shm_name);
   unmap(node);
   psc_state.node = NULL;
 }

@@ -44,6 +44,7 @@ bool psg_claim(struct psg_group *g, int self, int32_t *holder, bool *holder_aliv
 }
 
 void psg_fail(struct psg_group *g, int self, const struct psg_failure *f) {
+  atomic_store(&g->m[self].left, 1); /* stopped on purpose: its exit now is no death */
   /* A tiny lock-free "first writer wins": 1 = being written, 2 = readable. */
   uint32_t expected = 0;
   if (!atomic_compare_exchange_strong(&g->failed, &expected, 1)) return;
@@ -63,7 +64,9 @@ struct psg_failure psg_check_alive(struct psg_group *g, int self, uint64_t below
   for (int i = 0; i < g->n; i++) {
     if (i == self || atomic_load(&g->m[i].seq) >= below || atomic_load(&g->m[i].left)) continue;
     int32_t pid = atomic_load(&g->m[i].pid);
-    if (pid != 0 && !psc_proc_alive(pid, atomic_load(&g->m[i].start)))
+    /* `left` again after the look: it may have left (then exited) while we looked */
+    if (pid != 0 && !psc_proc_alive(pid, atomic_load(&g->m[i].start)) &&
+        !atomic_load(&g->m[i].left))
       return (struct psg_failure){PSG_DEAD, i, pid};
   }
   return (struct psg_failure){PSG_OK, -1, 0};

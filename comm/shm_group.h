@@ -18,7 +18,7 @@ struct psg_member {
   _Atomic int32_t pid;    /* 0 until claimed */
   _Atomic uint64_t start; /* see struct psc_proc */
   _Atomic uint64_t seq;   /* barriers this member has reached */
-  _Atomic uint32_t left;  /* left the group on purpose: its exit is no failure */
+  _Atomic uint32_t left;  /* left the group, or gave up (psg_fail): its exit is no death */
 } __attribute__((aligned(64)));
 
 enum psg_result {
@@ -53,7 +53,8 @@ bool psg_claim(struct psg_group *g, int self, int32_t *holder, bool *holder_aliv
  * waiting at once) and describes it in *f. */
 enum psg_result psg_barrier(struct psg_group *g, int self, double timeout_s,
                             struct psg_failure *f);
-/* Records a failure seen by `self` (an abort, an error from below) so the others stop. */
+/* Records a failure seen by `self` (an abort, an error from below) so the others stop; the
+ * first recorded is kept. `self` counts as left from then on. */
 void psg_fail(struct psg_group *g, int self, const struct psg_failure *f);
 /* The first member that has not reached barrier `below`, has not left, and whose process
  * is gone, as a failure; PSG_OK if none. Members already past it may have exited normally. */

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -57,6 +58,17 @@ static int meet(int rank, void *arg) {
   if (rank == 0) strcpy(scratch->shm_name, psc_state.shm_name);
   for (int i = 0; i < 3; i++)
     if (!psc_barrier()) return 12;
+  if (rank == 1) {
+    /* a forked child (a data-loader worker) leaving must not take the rank's slot along */
+    pid_t child = fork();
+    if (child == 0) {
+      psc_node_leave();
+      _exit(0);
+    }
+    waitpid(child, NULL, 0);
+    if (atomic_load(&psc_state.node->group.m[1].left)) return 16;
+  }
+  if (!psc_barrier()) return 12;
   if (!segment_exists(psc_state.shm_name)) return 13; /* kept while the job runs */
   if (!psc_check_alloc_hash(0x1234)) return 14;
   if (!psc_barrier()) return 15;

@@ -10,6 +10,7 @@
 
 #include <cmocka.h>
 
+#include "comm/nccl_table.h"
 #include "comm/node.h"
 #include "rank_procs.h"
 
@@ -119,6 +120,39 @@ static void checksum_agreement(void **state) {
   }
 }
 
+/* The fake's reductions psshim does not use yet, straight through the loaded table. */
+static int reductions(int rank, void *arg) {
+  (void)arg;
+  int rc = start(stream_done);
+  if (rc) return rc;
+  ncclComm_t comm = psc_state.comm;
+  enum { N = 70000 }; /* more than one staging step of the fake */
+  static float f[N], fsum[N], fmax[N];
+  static uint64_t u[N];
+  for (int i = 0; i < N; i++) {
+    f[i] = (float)(rank + 1) * 0.5f + (float)i;
+    u[i] = (uint64_t)i << rank;
+  }
+  if (psc_nccl.ncclAllReduce(f, fsum, N, ncclFloat32, ncclSum, comm, NULL) != ncclSuccess) return 12;
+  if (psc_nccl.ncclAllReduce(f, fmax, N, ncclFloat32, ncclMax, comm, NULL) != ncclSuccess) return 13;
+  if (psc_nccl.ncclAllReduce(f, f, N, ncclFloat32, ncclMin, comm, NULL) != ncclSuccess) return 14;
+  if (psc_nccl.ncclAllReduce(u, u, N, ncclUint64, ncclSum, comm, NULL) != ncclSuccess) return 15;
+  for (int i = 0; i < N; i++) {
+    if (fsum[i] != 5.0f + 4.0f * (float)i) return 16; /* (1+2+3+4)/2 + 4i */
+    if (fmax[i] != 2.0f + (float)i || f[i] != 0.5f + (float)i) return 17;
+    if (u[i] != (uint64_t)i * 15) return 18; /* i * (1+2+4+8) */
+  }
+  psc_node_leave();
+  return 0;
+}
+
+static void fake_reductions(void **state) {
+  (void)state;
+  struct rank_result res[4];
+  run_ranks(4, reductions, NULL, 60, res);
+  for (int r = 0; r < 4; r++) assert_int_equal(res[r].code, 0);
+}
+
 /* Rank 2 SIGKILLs itself inside its second collective (the fake's fault injection), after
  * the others handed in their shards. */
 static int killed_mid_collective(int rank, void *arg) {
@@ -170,11 +204,18 @@ static void stuck_stream_times_out(void **state) {
   (void)state;
   struct rank_result res[2];
   run_ranks(2, stuck, NULL, 60, res);
+  static const char timed_out[] =
+      "psshim: a collective did not finish within 1s (PSSHIM_COMM_TIMEOUT_S)\n";
+  int first = strcmp(res[0].err, timed_out) == 0 ? 0 : 1; /* the first to time out */
+  assert_string_equal(res[first].err, timed_out);
   for (int r = 0; r < 2; r++) {
     assert_int_equal(res[r].code, 0);
     assert_true(res[r].seconds < 1 + 2.0);
-    assert_string_equal(res[r].err,
-                        "psshim: a collective did not finish within 1s (PSSHIM_COMM_TIMEOUT_S)\n");
+    char stopped[128];
+    snprintf(stopped, sizeof stopped, "psshim: a collective failed: rank %d stopped first (its "
+                                      "own log says why)\n", first);
+    /* the other timed out too, or saw the first one stop */
+    if (r != first && strcmp(res[r].err, timed_out) != 0) assert_string_equal(res[r].err, stopped);
   }
 }
 
@@ -199,6 +240,34 @@ static void dead_rank_ends_stream_wait(void **state) {
     assert_true(res[r].seconds < 5);
     assert_non_null(strstr(res[r].err, "psshim: rank 1 (pid "));
     assert_non_null(strstr(res[r].err, ") died during a collective\n"));
+  }
+}
+
+/* Rank 1 gives up on its stream (a shorter timeout) and exits: the others, with a long
+ * timeout, stop at once, and do not call its exit a death. */
+static int gives_up_while_waiting(int rank, void *arg) {
+  (void)arg;
+  setenv("PSSHIM_COMM_TIMEOUT_S", rank == 1 ? "0.5" : "60", 1);
+  int rc = start(stream_stuck);
+  if (rc) return rc;
+  bool ok = psc_stream_wait(NULL);
+  if (rank == 1) return ok ? 12 : 0; /* exits without leaving */
+  psc_node_leave();
+  return ok ? 12 : 0;
+}
+
+static void peer_giving_up_ends_stream_wait(void **state) {
+  (void)state;
+  struct rank_result res[3];
+  run_ranks(3, gives_up_while_waiting, NULL, 60, res);
+  assert_string_equal(res[1].err, "psshim: a collective did not finish within 0.5s "
+                                  "(PSSHIM_COMM_TIMEOUT_S)\n");
+  for (int r = 0; r < 3; r++) {
+    assert_int_equal(res[r].code, 0);
+    assert_true(res[r].seconds < 5);
+    if (r != 1)
+      assert_string_equal(res[r].err, "psshim: a collective failed: rank 1 stopped first (its "
+                                      "own log says why)\n");
   }
 }
 
@@ -232,9 +301,11 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup(allgather_in_place, setup),
       cmocka_unit_test_setup(checksum_agreement, setup),
+      cmocka_unit_test_setup(fake_reductions, setup),
       cmocka_unit_test_setup(killed_rank_fails_the_others, setup),
       cmocka_unit_test_setup(stuck_stream_times_out, setup),
       cmocka_unit_test_setup(dead_rank_ends_stream_wait, setup),
+      cmocka_unit_test_setup(peer_giving_up_ends_stream_wait, setup),
       cmocka_unit_test_setup(missing_nccl_refused, setup),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
