@@ -92,14 +92,8 @@ static void run_op(struct fc_op *op) {
       break;
     case FC_OP_RECORD:
       /* The delay holds the stream too: after a stream synchronize every event
-       * recorded on it is complete, as on CUDA. */
+       * recorded on it is complete, as on CUDA. The signal is set in finish_op. */
       fc_sleep_us(atomic_load(&fc_cfg.event_delay_us));
-      pthread_mutex_lock(&fc_sig_mu);
-      clock_gettime(CLOCK_MONOTONIC, &op->u.signal.sig->when);
-      op->u.signal.sig->done = true;
-      pthread_cond_broadcast(&fc_sig_cv);
-      pthread_mutex_unlock(&fc_sig_mu);
-      fc_signal_unref(op->u.signal.sig);
       break;
     case FC_OP_WAIT_SIGNAL:
       fc_signal_wait(op->u.signal.sig);
@@ -115,6 +109,19 @@ static void run_op(struct fc_op *op) {
   }
 }
 
+/* Called with s->mu held as the op becomes complete, so that an event's completion
+ * and its stream's progress are seen together: once the last event on a stream is
+ * complete, cuStreamQuery says the stream is idle. */
+static void finish_op(struct fc_op *op) {
+  if (op->kind != FC_OP_RECORD) return;
+  pthread_mutex_lock(&fc_sig_mu);
+  clock_gettime(CLOCK_MONOTONIC, &op->u.signal.sig->when);
+  op->u.signal.sig->done = true;
+  pthread_cond_broadcast(&fc_sig_cv);
+  pthread_mutex_unlock(&fc_sig_mu);
+  fc_signal_unref(op->u.signal.sig);
+}
+
 static void *worker(void *arg) {
   struct CUstream_st *s = arg;
   struct fc_op *op;
@@ -128,6 +135,7 @@ static void *worker(void *arg) {
     s->head = op->next;
     if (!s->head) s->tail = NULL;
     s->completed++;
+    finish_op(op);
     pthread_cond_broadcast(&s->done_cv);
     if (op->kind == FC_OP_EXIT) break;
     free(op);
