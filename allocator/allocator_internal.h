@@ -73,6 +73,8 @@ struct device {
   /* host frame pool refill */
   pthread_t pool_thread;
   pthread_cond_t pool_wake;
+  pthread_cond_t frame_made;    /* a frame being made (lock dropped) is done */
+  uint32_t frames_in_making[3]; /* by where */
   bool pool_running;
   uint32_t pool_target;
   struct psa_stats stats;

@@ -48,10 +48,13 @@ static uint32_t make(struct device *d, enum psa_where where)
     return PSA_NO_FRAME;
   uint32_t id = d->frames_made++;
   (*made)++;
+  d->frames_in_making[where]++;
   struct frame f = {0};
   pthread_mutex_unlock(&d->lock);
   CUresult r = create(d, where, &f, d->staging_base + (uint64_t)id * d->chunk_size);
   pthread_mutex_lock(&d->lock);
+  d->frames_in_making[where]--;
+  pthread_cond_broadcast(&d->frame_made);
   if (r) {
     /* The device or host has less than the budget promised (memory used outside psshim):
      * the budget shrinks to what was made, said once. */
@@ -115,6 +118,7 @@ CUresult psa_frames_init(struct device *d)
   d->host_numa = ps_driver.cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS;
   d->pool_target = 4;
   pthread_cond_init(&d->pool_wake, NULL);
+  pthread_cond_init(&d->frame_made, NULL);
   if (d->host_frame_limit == 0)
     return CUDA_SUCCESS;
   d->pool_running = true;
@@ -153,14 +157,19 @@ static void count_held(struct device *d, enum psa_where w, int delta)
 
 uint32_t psa_frame_take(struct device *d, enum psa_where where)
 {
-  uint32_t *head = free_list(d, where);
-  uint32_t id = *head;
-  if (id != PSA_NO_FRAME)
-    *head = d->frames[id].next_free;
-  else
-    id = make(d, where);
-  if (id == PSA_NO_FRAME)
-    return id;
+  uint32_t *head = free_list(d, where), id;
+  for (;;) {
+    if ((id = *head) != PSA_NO_FRAME) {
+      *head = d->frames[id].next_free;
+      break;
+    }
+    if ((id = make(d, where)) != PSA_NO_FRAME)
+      break;
+    /* At the limit, but another thread (the host pool) may be making the last frames. */
+    if (!d->frames_in_making[where])
+      return PSA_NO_FRAME;
+    pthread_cond_wait(&d->frame_made, &d->lock);
+  }
   count_held(d, where, +1);
   if (where == PSA_GPU && d->pool_running && d->gpu_frames_held * 4 >= d->gpu_frame_limit * 3)
     pthread_cond_signal(&d->pool_wake);

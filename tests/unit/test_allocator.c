@@ -52,7 +52,7 @@ static void launch(CUfunction f, CUdeviceptr p, uint64_t bytes, uint64_t seed, C
 {
   uint64_t words = bytes / 8;
   void *params[] = {&p, &words, &seed};
-  if (ps_driver.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) != CUDA_SUCCESS)
+  if (cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) != CUDA_SUCCESS)
     abort();
 }
 
@@ -291,8 +291,10 @@ static void exhaust(void *arg)
   CUresult r;
   while ((r = psa_alloc(0, 1 * MiB, PSA_SYNC_STREAM, &p[n])) == CUDA_SUCCESS && n < 15)
     launch(fill_kernel, p[n], 1 * MiB, (uint64_t)n, 0), n++;
-  if (r != CUDA_ERROR_OUT_OF_MEMORY || n != 8) /* 4 MiB of GPU + 4 MiB of host frames */
+  if (r != CUDA_ERROR_OUT_OF_MEMORY || n != 8) { /* 4 MiB of GPU + 4 MiB of host frames */
+    fprintf(stderr, "exhaust: %d allocations, then %d\n", n, (int)r);
     exit(30);
+  }
   if (psa_chunk_where(0, (uint64_t)psa_chunk_of(p[0], NULL)) != PSA_GPU ||
       psa_chunk_where(0, (uint64_t)psa_chunk_of(p[7], NULL)) != PSA_HOST)
     exit(31);
