@@ -102,6 +102,7 @@ bool psc_comm_init(CUresult (*stream_query)(CUstream)) {
   }
   if (!barrier("the NCCL unique id exchange")) return false;
   memcpy(&id, node->unique_id, sizeof id);
+  /* An older NCCL reads only the leading fields it knows of this newer struct. */
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0; /* so that psc_settle can bound the wait */
   config.commName = "psshim";

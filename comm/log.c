@@ -43,6 +43,9 @@ void psc_report_wait(const char *during, struct psg_failure f) {
   case PSG_GAVE_UP:
     psc_errorf("rank %d gave up before %s (its own log says why)", rank, during);
     break;
+  case PSG_LEFT:
+    psc_errorf("rank %d left psshim's node group before %s", rank, during);
+    break;
   case PSG_OK:
     break;
   }

@@ -44,13 +44,16 @@ bool psg_claim(struct psg_group *g, int self, int32_t *holder, bool *holder_aliv
 }
 
 void psg_fail(struct psg_group *g, int self, const struct psg_failure *f) {
-  atomic_store(&g->m[self].left, 1); /* stopped on purpose: its exit now is no death */
   /* A tiny lock-free "first writer wins": 1 = being written, 2 = readable. */
   uint32_t expected = 0;
-  if (!atomic_compare_exchange_strong(&g->failed, &expected, 1)) return;
-  g->failed_by = self;
-  g->failure = *f;
-  atomic_store_explicit(&g->failed, 2, memory_order_release);
+  if (atomic_compare_exchange_strong(&g->failed, &expected, 1)) {
+    g->failed_by = self;
+    g->failure = *f;
+    atomic_store_explicit(&g->failed, 2, memory_order_release);
+  }
+  /* After the record, so a waiter that sees `left` also sees that a failure exists; from
+   * now on this member's exit is no death. */
+  atomic_store(&g->m[self].left, 1);
 }
 
 struct psg_failure psg_recorded(struct psg_group *g, int *by) {
@@ -110,6 +113,12 @@ enum psg_result psg_barrier(struct psg_group *g, int self, double timeout_s,
       struct psg_failure dead = psg_check_alive(g, self, seq);
       if (dead.kind != PSG_OK) {
         *f = dead;
+        psg_fail(g, self, f);
+        return f->kind;
+      }
+      if (atomic_load(&g->m[lag].left) && atomic_load(&g->failed) == 0) {
+        /* it left and will never come (one that gave up has already recorded why) */
+        *f = (struct psg_failure){PSG_LEFT, lag, atomic_load(&g->m[lag].pid)};
         psg_fail(g, self, f);
         return f->kind;
       }

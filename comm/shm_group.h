@@ -26,6 +26,7 @@ enum psg_result {
   PSG_TIMEOUT, /* `who` had not arrived in time */
   PSG_DEAD,    /* `who` (pid `pid`) is gone */
   PSG_GAVE_UP, /* `who` stopped waiting (see struct psg_failure) or aborted */
+  PSG_LEFT,    /* `who` left the group without reaching this barrier */
 };
 
 struct psg_failure {

@@ -190,6 +190,33 @@ static void dead_rank_noticed(void **state) {
   }
 }
 
+/* Rank 2 leaves early but stays alive: the others stop at once, not at the timeout. */
+static int rank_2_leaves_early(int rank, void *arg) {
+  (void)arg;
+  setenv("PSSHIM_COMM_TIMEOUT_S", "60", 1);
+  struct psc_config cfg = config();
+  if (psc_node_join(&cfg, 0) != PSC_GROUP) return 1;
+  if (rank == 2) {
+    psc_node_leave();
+    sleep(2);
+    return 0;
+  }
+  bool ok = psc_barrier();
+  psc_node_leave();
+  return ok ? 1 : 0;
+}
+
+static void rank_that_left_noticed(void **state) {
+  (void)state;
+  struct rank_result res[3];
+  run_ranks(3, rank_2_leaves_early, NULL, 30, res);
+  for (int r = 0; r < 2; r++) {
+    assert_int_equal(res[r].code, 0);
+    assert_true(res[r].seconds < 1.5);
+    assert_string_equal(res[r].err, "psshim: rank 2 left psshim's node group before psc_barrier\n");
+  }
+}
+
 /* Rank 2 pretends to be a helper process that inherited rank 1's environment. */
 static int helper_inherits_rank_1(int rank, void *arg) {
   (void)arg;
@@ -313,6 +340,7 @@ int main(void) {
       cmocka_unit_test_setup(missing_rank_times_out, setup),
       cmocka_unit_test_setup(missing_rank_0_times_out, setup),
       cmocka_unit_test_setup(dead_rank_noticed, setup),
+      cmocka_unit_test_setup(rank_that_left_noticed, setup),
       cmocka_unit_test_setup(helper_with_rank_environment_refused, setup),
       cmocka_unit_test_setup(stale_segment_replaced, setup),
       cmocka_unit_test_setup(alloc_hash_mismatch_refused, setup),
