@@ -93,6 +93,16 @@ FC_EXPORT CUresult cuFuncGetName(const char **name, CUfunction hfunc) {
   FC_TRACED(cuFuncGetName, func_name(name, hfunc), name, hfunc);
 }
 
+/* CUDA lets a library kernel (CUkernel) stand where a CUfunction goes; a registered
+ * fake kernel is both, so the CUkernel queries answer for the same handles. */
+FC_EXPORT CUresult cuKernelGetParamInfo(CUkernel kernel, size_t paramIndex, size_t *paramOffset, size_t *paramSize) {
+  FC_TRACED(cuKernelGetParamInfo, param_info((CUfunction)(void *)kernel, paramIndex, paramOffset, paramSize), kernel,
+            paramIndex, paramOffset, paramSize);
+}
+FC_EXPORT CUresult cuKernelGetName(const char **name, CUkernel hfunc) {
+  FC_TRACED(cuKernelGetName, func_name(name, (CUfunction)(void *)hfunc), name, hfunc);
+}
+
 /* Copies the arguments into buf: from kernelParams (one pointer per parameter) or
  * from extra's packed buffer, which must hold at least the whole layout. */
 static CUresult fill_params(struct CUfunc_st *f, void **params, void **extra, unsigned char *buf) {

@@ -154,8 +154,10 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, C
   if (r != CUDA_SUCCESS) return r;
   int dev = s->ctx->dev;
   if (pool) {
-    if (pool < &fc_pool[0] || pool >= &fc_pool[fc_cfg.device_count]) return CUDA_ERROR_INVALID_VALUE;
-    dev = pool->dev;
+    int i = 0;
+    while (i < fc_cfg.device_count && pool != &fc_pool[i]) i++;
+    if (i == fc_cfg.device_count) return CUDA_ERROR_INVALID_VALUE;
+    dev = i;
   }
   return alloc_on(dev, dptr, size);
 }
@@ -207,6 +209,11 @@ static CUresult default_pool(CUmemoryPool *out, CUdevice dev) {
 }
 FC_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev) {
   FC_TRACED(cuDeviceGetDefaultMemPool, default_pool(pool_out, dev), pool_out, dev);
+}
+
+/* fakecuda has only the default pools, so a device's current pool is its default one. */
+FC_EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
+  FC_TRACED(cuDeviceGetMemPool, default_pool(pool, dev), pool, dev);
 }
 
 /* free = capacity minus the device frames and allocations alive now. */

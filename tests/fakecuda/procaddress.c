@@ -30,6 +30,7 @@ static const struct proc procs[] = {
     {"cuDeviceGetName", 2000, F(cuDeviceGetName), NULL},
     {"cuDeviceTotalMem", 3020, F(cuDeviceTotalMem_v2), NULL},
     {"cuDeviceGetDefaultMemPool", 11020, F(cuDeviceGetDefaultMemPool), NULL},
+    {"cuDeviceGetMemPool", 11020, F(cuDeviceGetMemPool), NULL},
     {"cuDevicePrimaryCtxRetain", 7000, F(cuDevicePrimaryCtxRetain), NULL},
     {"cuDevicePrimaryCtxRelease", 7000, F(fc_cuDevicePrimaryCtxRelease_v1), NULL},
     {"cuDevicePrimaryCtxRelease", 11000, F(cuDevicePrimaryCtxRelease_v2), NULL},
@@ -90,6 +91,8 @@ static const struct proc procs[] = {
     {"cuLaunchKernelEx", 11060, F(cuLaunchKernelEx), F(cuLaunchKernelEx_ptsz)},
     {"cuFuncGetParamInfo", 12040, F(cuFuncGetParamInfo), NULL},
     {"cuFuncGetName", 12030, F(cuFuncGetName), NULL},
+    {"cuKernelGetParamInfo", 12040, F(cuKernelGetParamInfo), NULL},
+    {"cuKernelGetName", 12030, F(cuKernelGetName), NULL},
 };
 
 /* The per-thread forms exist since CUDA 7.0. */

@@ -159,6 +159,8 @@ static void test_get_proc_address(void **state) {
       {"cuDevicePrimaryCtxRelease", 12000, 0, "cuDevicePrimaryCtxRelease_v2"},
       {"cuFuncGetParamInfo", 12040, 0, "cuFuncGetParamInfo"},
       {"cuMemAllocAsync", 12000, PT, "cuMemAllocAsync_ptsz"},
+      {"cuDeviceGetMemPool", 12000, 0, "cuDeviceGetMemPool"},
+      {"cuKernelGetParamInfo", 13000, PT, "cuKernelGetParamInfo"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     void *want = dlsym(lib, cases[i].symbol);

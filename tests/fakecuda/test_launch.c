@@ -62,6 +62,9 @@ static void test_param_info_and_both_launch_forms(void **state) {
   const char *name = NULL;
   CU_OK(cuFuncGetName(&name, f));
   assert_string_equal(name, "mixed");
+  CU_OK(cuKernelGetParamInfo((CUkernel)(void *)f, 2, &off, &size)); /* the CUkernel view */
+  assert_int_equal(off, 16);
+  assert_int_equal(size, 24);
 
   int32_t a = 0x11223344;
   uint64_t b = 0x8877665544332211ull;

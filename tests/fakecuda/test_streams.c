@@ -202,8 +202,11 @@ static void test_free_async_in_stream_order(void **state) {
   CU_OK(cuStreamSynchronize(s));
   assert_int_equal(fakecuda_used_bytes(0), before);
 
-  CUmemoryPool pool;
+  CUmemoryPool pool, current;
   CU_OK(cuDeviceGetDefaultMemPool(&pool, 0));
+  CU_OK(cuDeviceGetMemPool(&current, 0));
+  assert_ptr_equal(pool, current);
+  assert_int_equal(cuMemAllocFromPoolAsync(&d, 512, (CUmemoryPool)&before, s), CUDA_ERROR_INVALID_VALUE);
   CU_OK(cuMemAllocFromPoolAsync(&d, 512, pool, s));
   assert_int_equal(fakecuda_used_bytes(0), before + 512);
   CU_OK(cuMemFreeAsync(d, s));
