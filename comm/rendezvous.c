@@ -2,7 +2,9 @@
  * ranks open it and claim their slots. The name stays while the job runs, so a process that
  * inherited a rank's environment (a spawned helper) finds its slot taken at once instead of
  * waiting out the timeout; the last rank out removes it. A segment left by a crashed run
- * (its creator gone) is replaced by the next rank 0 and ignored by the others. */
+ * (its creator gone) is replaced by the next rank 0 and ignored by the others, and rank 0
+ * removes this user's segments whose processes are all gone. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -78,8 +80,46 @@ static void init_node(struct psc_node *node, const struct psc_ranks *r) {
   atomic_store_explicit(&node->magic, PSC_NODE_MAGIC, memory_order_release);
 }
 
+/* True when no process that made or joined the segment lives on. */
+static bool abandoned(struct psc_node *node) {
+  if (psc_proc_alive(node->creator.pid, node->creator.start)) return false;
+  for (int i = 0; i < node->group.n && i < PSG_MAX_MEMBERS; i++) {
+    struct psg_member *m = &node->group.m[i];
+    int32_t pid = atomic_load(&m->pid);
+    if (pid && psc_proc_alive(pid, atomic_load(&m->start))) return false;
+  }
+  return true;
+}
+
+/* Runs that crashed leave their segment behind (nobody was left to remove it); rank 0 of a
+ * new run removes this user's that are abandoned, so they do not pile up in /dev/shm. */
+static void sweep_abandoned(void) {
+  DIR *dir = opendir("/dev/shm");
+  if (!dir) return;
+  struct dirent *e;
+  while ((e = readdir(dir))) {
+    if (strncmp(e->d_name, "psshim-", 7) != 0) continue;
+    char name[300];
+    snprintf(name, sizeof name, "/%s", e->d_name);
+    int fd = shm_open(name, O_RDONLY, 0);
+    if (fd < 0) continue;
+    struct stat st;
+    void *p = MAP_FAILED;
+    if (fstat(fd, &st) == 0 && st.st_uid == getuid() && st.st_size == sizeof(struct psc_node))
+      p = mmap(NULL, sizeof(struct psc_node), PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) continue;
+    struct psc_node *node = p;
+    if (atomic_load(&node->magic) == PSC_NODE_MAGIC && abandoned(node))
+      shm_unlink(name);
+    munmap(p, sizeof(struct psc_node));
+  }
+  closedir(dir);
+}
+
 /* Rank 0: a fresh segment, replacing a stale one; refuses if a live rank 0 holds it. */
 static struct psc_node *create(const char *name, const struct psc_ranks *r) {
+  sweep_abandoned();
   for (int attempt = 0; attempt < 3; attempt++) {
     int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
     if (fd >= 0) {

@@ -252,34 +252,51 @@ static void helper_with_rank_environment_refused(void **state) {
                                      "environment?\n"));
 }
 
-/* A first run dies whole after meeting (its segment stays behind); the next run of the same
- * job (same key) replaces it. */
-static int crash_then_rerun(int rank, void *arg) {
-  (void)rank;
+/* A run that dies whole after meeting leaves its segment behind: the next run of the same
+ * job (same key) replaces it, and rank 0 of any later run removes it. */
+static int crash_or_run(int rank, void *arg) {
   setenv("TORCHELASTIC_RUN_ID", (const char *)arg, 1);
   setenv("PSSHIM_COMM_TIMEOUT_S", "10", 1);
   struct psc_config cfg = config();
   if (psc_node_join(&cfg, 0) != PSC_GROUP) return 1;
+  if (rank == 0) strcpy(scratch->shm_name, psc_state.shm_name);
   if (!psc_barrier()) return 2;
   if (getenv("CRASH")) raise(SIGKILL);
   psc_node_leave();
   return 0;
 }
 
-static void stale_segment_replaced(void **state) {
-  (void)state;
-  char run_id[64];
-  snprintf(run_id, sizeof run_id, "stale-%d", (int)getpid());
+static void crashed_run(const char *run_id, char name[48]) {
   struct rank_result res[4];
   setenv("CRASH", "1", 1);
-  run_ranks(4, crash_then_rerun, run_id, 30, res);
+  run_ranks(4, crash_or_run, (void *)run_id, 30, res);
   unsetenv("CRASH");
   for (int r = 0; r < 4; r++) assert_int_equal(res[r].code, -SIGKILL);
-  run_ranks(4, crash_then_rerun, run_id, 30, res);
+  strcpy(name, scratch->shm_name);
+}
+
+static void clean_run(const char *run_id) {
+  struct rank_result res[4];
+  run_ranks(4, crash_or_run, (void *)run_id, 30, res);
   for (int r = 0; r < 4; r++) {
     assert_int_equal(res[r].code, 0);
     assert_string_equal(res[r].err, "");
   }
+}
+
+static void stale_segments_replaced_and_removed(void **state) {
+  (void)state;
+  char a[64], b[64], name_a[48], name_b[48];
+  snprintf(a, sizeof a, "stale-a-%d", (int)getpid());
+  snprintf(b, sizeof b, "stale-b-%d", (int)getpid());
+  crashed_run(a, name_a);
+  clean_run(a); /* the same job again: rank 0 replaces the stale segment */
+  crashed_run(a, name_a);
+  crashed_run(b, name_b);
+  assert_true(segment_exists(name_b));
+  clean_run(a); /* another job's abandoned segment goes too */
+  assert_false(segment_exists(name_a));
+  assert_false(segment_exists(name_b));
 }
 
 static int hash_differs_on_rank_1(int rank, void *arg) {
@@ -342,7 +359,7 @@ int main(void) {
       cmocka_unit_test_setup(dead_rank_noticed, setup),
       cmocka_unit_test_setup(rank_that_left_noticed, setup),
       cmocka_unit_test_setup(helper_with_rank_environment_refused, setup),
-      cmocka_unit_test_setup(stale_segment_replaced, setup),
+      cmocka_unit_test_setup(stale_segments_replaced_and_removed, setup),
       cmocka_unit_test_setup(alloc_hash_mismatch_refused, setup),
       cmocka_unit_test_setup(world_size_one_creates_nothing, setup),
   };

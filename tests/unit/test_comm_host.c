@@ -131,6 +131,7 @@ static int lock_holder_dies(int rank, void *arg) {
     if (!psc_host_reserve(MIB)) return 11;
     psc_host_release(MIB);
   }
+  psc_node_leave();
   return 0;
 }
 

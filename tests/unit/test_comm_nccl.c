@@ -276,7 +276,9 @@ static int no_nccl_on_rank_1(int rank, void *arg) {
   (void)arg;
   setenv("PSSHIM_COMM_TIMEOUT_S", "60", 1);
   if (rank == 1) setenv("PSSHIM_NCCL", "/nonexistent/libnccl.so.2", 1);
-  return start(stream_done) == 11 ? 0 : 1;
+  int rc = start(stream_done);
+  psc_node_leave();
+  return rc == 11 ? 0 : 1;
 }
 
 static void missing_nccl_refused(void **state) {
