@@ -229,6 +229,7 @@ static bool heat_map(FILE *f, const struct rp_chunks *cs, const struct axis *a, 
   }
   if (per_row > 1) fprintf(f, "<p class='note'>%zu chunks per row.</p>\n", per_row);
   fprintf(f, "<svg width='%d' height='%.0f' viewBox='0 0 %d %.0f'>\n", W, TOP + h + 24, W, TOP + h + 24);
+  time_ticks(f, a, TOP, TOP + h); /* under the cells: the labels show, the grid only between */
   for (size_t row = 0; row < rows; row++) {
     const size_t c0 = row * per_row, c1 = c0 + per_row < cs->n ? c0 + per_row : cs->n;
     uint64_t g_ns = 0, h_ns = 0, ins = 0, outs = 0;
@@ -271,7 +272,6 @@ static bool heat_map(FILE *f, const struct rp_chunks *cs, const struct axis *a, 
       fprintf(f, "<text x='%d' y='%.1f' class='tick' text-anchor='end'>%u</text>\n", LEFT - 6,
               y + (rh < 10 ? 10 : rh - 3), cs->c[c0].id);
   }
-  time_ticks(f, a, TOP, TOP + h);
   iteration_marks(f, t, a, TOP, TOP + h);
   fprintf(f, "<rect x='%d' y='%d' width='%d' height='%.1f' class='frame'/>\n</svg>\n", LEFT, TOP, PLOT_W, h);
   fprintf(f, "<p class='legend'><span class='sw' style='background:%s'></span>on GPU "

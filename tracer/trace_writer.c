@@ -292,6 +292,7 @@ void pst_trace_flush(void) {
 
 static void *flush_main(void *arg) {
   (void)arg;
+  pthread_setname_np(pthread_self(), "psshim-trace"); /* so ps -T and debuggers say whose */
   pthread_mutex_lock(&wake_lock);
   while (!stopping) {
     struct timespec until;

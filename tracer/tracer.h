@@ -140,14 +140,16 @@ struct pst_record {
 /* Creates path (truncating it) and starts the flush thread. False after one stderr line. */
 bool pst_trace_open(const char *path, const struct pst_trace_header *h);
 bool pst_trace_enabled(void);
-/* Appends one record of any type but STRING, STACK and END (those are the writer's). */
+/* Appends one record of any type but STRING, STACK and END (those are the writer's).
+ * Lock-free and malloc-free; not async-signal-safe (a handler must not emit). */
 void pst_trace_emit(const struct pst_record *r);
 /* Id of s, written to the trace the first time it is seen; 0 if tracing is off or full. */
 uint32_t pst_trace_intern(const char *s);
 /* Id of the calling thread's stack, starting skip frames above the caller. Captures
  * return addresses only; symbols are looked up at flush time. 0 if off or full. */
 uint32_t pst_trace_stack_here(int skip);
-/* Writes what the rings hold now (the flush thread does this every ~100 ms). */
+/* Writes what the rings hold now (the flush thread does this every ~100 ms). It looks up
+ * stack symbols with dladdr: do not call it with the dynamic loader's lock held. */
 void pst_trace_flush(void);
 /* Flushes, writes the drop NOTE and END, and closes the file. Safe to call when closed. */
 void pst_trace_close(void);
