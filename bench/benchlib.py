@@ -1,0 +1,136 @@
+"""Shared helpers for the bench/ scripts: presets, sizes, FLOP count, JSON, tables.
+
+This module must not import torch: paging_sweep.py and compare_losses.py use it on
+machines (or in --dry-run) where torch is not needed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import statistics
+import tempfile
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+GIB = 1 << 30
+
+# Exit status of gpt_train.py when the run ran out of memory (any other failure: 1).
+EXIT_OOM = 3
+
+# Copy bandwidths measured on the target H200 (PCIe Gen5 x16), /work/shared/DESIGN.md:
+# pinned host->device 55.4 GB/s, device->host 55.3 GB/s, both at once 96.4 GB/s total.
+H2D_BYTES_PER_S = 55.4e9
+D2H_BYTES_PER_S = 55.3e9
+DUPLEX_BYTES_PER_S = 96.4e9
+
+# Model presets of gpt_train.py. Keys are gpt_train.py option names (dest form).
+PRESETS = {
+    # ~135M parameters (GPT-2 small shape, untied 32k vocab): a quick GPU demo.
+    "demo": dict(layers=12, hidden=768, heads=12, seq=1024, batch=8, vocab=32000,
+                 steps=10, checkpoint=False),
+    # 2.68B parameters: the peer workload of the paging issue (DESIGN.md: native 0.338 s/step,
+    # 40.7 GiB peak on the H200; FSDP2 CPU offload at 16 GiB 1.42 s/step).
+    "gpt2.7b": dict(layers=32, hidden=2560, heads=20, seq=1024, batch=8, vocab=32000,
+                    steps=10, checkpoint=True),
+    # A few seconds on a CPU: for smoke tests of the scripts themselves.
+    "tiny": dict(layers=2, hidden=64, heads=4, seq=32, batch=2, vocab=512,
+                 steps=4, checkpoint=False),
+}
+
+FLOPS_FORMULA = (
+    "F = k*B*s*L*h^2*(1 + s/(6h)) + 6*B*s*h*V per step, k = 72 without and 96 with "
+    "activation recomputation (checkpointing repeats each block's forward; the LM head is "
+    "not recomputed). This equals Megatron-LM's 72*B*s*L*h^2*(1 + s/(6h) + V/(12*L*h)) "
+    "and, with recomputation, 96*B*s*L*h^2*(1 + s/(6h) + V/(16*L*h)) "
+    "(Narayanan et al., 'Efficient Large-Scale Language Model Training on GPU Clusters "
+    "Using Megatron-LM', SC'21, arXiv:2104.04473, Sec. 5.1 and Appendix; the 12 vs 16 "
+    "is discussed in NVIDIA/Megatron-LM issue #995). Counts matmul FLOPs only, a 4h MLP, "
+    "full (not causal-halved) attention scores; TFLOPS = F / step time / 1e12."
+)
+
+
+def megatron_flops(batch: int, seq: int, layers: int, hidden: int, vocab: int,
+                   recompute: bool) -> float:
+    """Model FLOPs of one training step; see FLOPS_FORMULA."""
+    k = 96 if recompute else 72
+    blocks = k * batch * seq * layers * hidden ** 2 * (1 + seq / (6 * hidden))
+    head = 6 * batch * seq * hidden * vocab
+    return float(blocks + head)
+
+
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from '123', '24G', '1.5GiB', '512M' (binary multiples, like psshim's env)."""
+    if isinstance(text, int):
+        return text
+    m = _SIZE_RE.match(str(text))
+    if not m:
+        raise ValueError(f"not a size: {text!r} (expected e.g. 24G, 512M, 123456)")
+    number, unit = float(m.group(1)), m.group(2).lower()
+    return int(number * (1024 ** "bkmgt".index(unit or "b")))
+
+
+def gib(nbytes: float | None, digits: int = 2) -> str:
+    return "-" if nbytes is None else f"{nbytes / GIB:.{digits}f}"
+
+
+def median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def fmt(value, spec: str = ".3f") -> str:
+    """Format a number for a table; '-' for None/NaN."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return format(value, spec)
+
+
+def format_table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    rows = [[str(c) for c in r] for r in rows]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+              for i, h in enumerate(headers)]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def write_json(path: str, obj) -> None:
+    """Write JSON atomically (a reader never sees half a file)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(obj, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def load_json(path: str):
+    """The parsed file, or None when it is missing, empty or not JSON."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass
+class LossComparison:
+    """Bitwise comparison of two runs' per-step losses (float.hex strings)."""
+    compared: int              # steps present in both
+    first_mismatch: int | None  # index of the first differing step
+    same_length: bool
+
+    @property
+    def identical(self) -> bool:
+        return self.first_mismatch is None and self.same_length and self.compared > 0
+
+
+def compare_loss_hex(ref: Sequence[str], other: Sequence[str]) -> LossComparison:
+    n = min(len(ref), len(other))
+    first = next((i for i in range(n) if ref[i] != other[i]), None)
+    return LossComparison(compared=n, first_mismatch=first, same_length=len(ref) == len(other))

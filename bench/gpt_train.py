@@ -1,0 +1,461 @@
+#!/usr/bin/env python3
+"""Train a GPT (decoder-only transformer) on fixed synthetic data and report per-step
+loss, time, TFLOPS and memory.
+
+Plain PyTorch with nothing psshim-specific, so it runs unchanged under
+`LD_PRELOAD=libpsshim.so PSSHIM_GPU_BUDGET=24G python bench/gpt_train.py ...`.
+Run with --help for the options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+import benchlib
+
+ENV_PREFIX = "GPT_TRAIN_"
+MEMORY_NOTE = (
+    "max_allocated/max_reserved are torch's allocator counters. With the default caching "
+    "allocator they count every tensor, also those psshim placed in host memory; with "
+    "PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync (which psshim sets when the variable is "
+    "unset) torch reads them from the CUDA default memory pool's attributes, so under psshim "
+    "they show whatever psshim makes that pool report (possibly 0). device_used = total - "
+    "free from torch.cuda.mem_get_info (cudaMemGetInfo, which psshim may answer for its "
+    "budget); it includes the CUDA context and other processes. A counter that cannot be "
+    "read is recorded as null."
+)
+
+# ----------------------------------------------------------------------------- options
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=(
+            "Precedence of settings: command-line flag > environment variable "
+            f"{ENV_PREFIX}<OPTION> (e.g. {ENV_PREFIX}LAYERS=4, {ENV_PREFIX}DETERMINISTIC=1) "
+            "> --preset > built-in default.\n\n"
+            "Presets:\n" + "\n".join(f"  {name}: {cfg}" for name, cfg in benchlib.PRESETS.items())
+            + "\n\nTFLOPS: " + benchlib.FLOPS_FORMULA + "\n\nMemory: " + MEMORY_NOTE
+            + "\n\nData: one fixed batch of random tokens drawn on the device from a generator "
+            "seeded with --seed (next-token targets); the loss falls as the model memorizes it."
+            f"\n\nExit status: 0 ok, {benchlib.EXIT_OOM} out of memory (with --json, the file "
+            "has \"oom\": true), 1 any other failure."
+        ),
+    )
+    p.add_argument("--preset", choices=sorted(benchlib.PRESETS), default="demo",
+                   help="model/run size preset (default: demo)")
+    g = p.add_argument_group("model")
+    g.add_argument("--layers", type=int, help="transformer blocks L")
+    g.add_argument("--hidden", type=int, help="hidden size h")
+    g.add_argument("--heads", type=int, help="attention heads (must divide --hidden)")
+    g.add_argument("--seq", type=int, help="sequence length s")
+    g.add_argument("--batch", type=int, help="micro-batch size B")
+    g.add_argument("--vocab", type=int, help="vocabulary size V")
+    g.add_argument("--tie-embeddings", action=argparse.BooleanOptionalAction, default=False,
+                   help="share the token embedding with the LM head (default: untied)")
+    g = p.add_argument_group("training")
+    g.add_argument("--steps", type=int, help="training steps")
+    g.add_argument("--warmup", type=int, default=2,
+                   help="first steps excluded from the median step time (default: 2)")
+    g.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate (default: 3e-4)")
+    g.add_argument("--seed", type=int, default=0, help="seed of weights and data (default: 0)")
+    g.add_argument("--checkpoint", action=argparse.BooleanOptionalAction, default=False,
+                   help="activation checkpointing per block (use_reentrant=False)")
+    g.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16",
+                   help="bf16: autocast to bfloat16 (weights and optimizer in fp32); "
+                        "fp32: no autocast (default: bf16)")
+    g.add_argument("--fused-adamw", action=argparse.BooleanOptionalAction, default=True,
+                   help="torch.optim.AdamW(fused=True) on cuda (default: on)")
+    g.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=False,
+                   help="bitwise-reproducible run: CUBLAS_WORKSPACE_CONFIG=:4096:8 before CUDA "
+                        "init, torch.use_deterministic_algorithms(True), cudnn.deterministic")
+    g = p.add_argument_group("device and memory")
+    g.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                   help="device to train on (default: cuda)")
+    mem = g.add_mutually_exclusive_group()
+    mem.add_argument("--memory-fraction", type=float,
+                     help="torch.cuda.set_per_process_memory_fraction(F): native run at a budget")
+    mem.add_argument("--memory-budget", type=benchlib.parse_size,
+                     help="same, given as bytes (24G, 512M, ...): fraction = budget / total")
+    g.add_argument("--fsdp-offload", action="store_true",
+                   help="FSDP2 (fully_shard per block and root) with CPUOffloadPolicy(pin_memory"
+                        "=True), world size 1 in this process; with bf16 it uses "
+                        "MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) instead of "
+                        "autocast, and the optimizer steps on the CPU")
+    g = p.add_argument_group("output")
+    g.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
+    return p
+
+
+def env_defaults(parser: argparse.ArgumentParser) -> dict:
+    """Defaults taken from GPT_TRAIN_<OPTION> environment variables."""
+    out = {}
+    for action in parser._actions:
+        name = ENV_PREFIX + action.dest.upper()
+        raw = os.environ.get(name)
+        if not action.option_strings or action.dest == "help" or raw is None:
+            continue
+        try:
+            if action.type is not None:
+                value = action.type(raw)
+            elif action.nargs == 0 or isinstance(action, argparse.BooleanOptionalAction):
+                value = raw.strip().lower() in ("1", "true", "yes", "on")
+            else:
+                value = raw
+        except (TypeError, ValueError) as exc:
+            parser.error(f"{name}={raw!r}: {exc}")
+        if action.choices is not None and value not in action.choices:
+            parser.error(f"{name}={raw!r}: choose from {', '.join(map(str, action.choices))}")
+        out[action.dest] = value
+    return out
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = build_parser()
+    env = env_defaults(parser)
+    parser.set_defaults(**{k: v for k, v in env.items() if k == "preset"})
+    preset = parser.parse_known_args(argv)[0].preset
+    if preset not in benchlib.PRESETS:
+        parser.error(f"unknown preset {preset!r} (choose from {', '.join(benchlib.PRESETS)})")
+    parser.set_defaults(**benchlib.PRESETS[preset])
+    parser.set_defaults(**env)
+    args = parser.parse_args(argv)
+    if args.hidden % args.heads:
+        parser.error(f"--heads {args.heads} does not divide --hidden {args.hidden}")
+    if args.steps < 1:
+        parser.error("--steps must be at least 1")
+    if args.fsdp_offload and args.tie_embeddings:
+        parser.error("--fsdp-offload with --tie-embeddings is not supported")
+    return args
+
+
+# ----------------------------------------------------------------------------- model
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm block: causal self-attention (SDPA) and a 4h GELU MLP."""
+
+    def __init__(self, hidden: int, heads: int, checkpointing: bool):
+        super().__init__()
+        self.heads, self.checkpointing = heads, checkpointing
+        self.ln1 = nn.LayerNorm(hidden)
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.proj = nn.Linear(hidden, hidden)
+        self.ln2 = nn.LayerNorm(hidden)
+        self.fc = nn.Linear(hidden, 4 * hidden)
+        self.fc_out = nn.Linear(4 * hidden, hidden)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, h = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, h // self.heads) \
+                                       .permute(2, 0, 3, 1, 4)
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(attn.transpose(1, 2).reshape(b, t, h))
+        return x + self.fc_out(F.gelu(self.fc(self.ln2(x))))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Checkpointing inside forward (not around the module call) keeps FSDP2's hooks on
+        # the block firing once per forward; the recomputation runs inside backward.
+        if self.checkpointing and torch.is_grad_enabled():
+            return checkpoint(self._forward, x, use_reentrant=False)
+        return self._forward(x)
+
+
+class GPT(nn.Module):
+    def __init__(self, a: argparse.Namespace):
+        super().__init__()
+        self.tok_emb = nn.Embedding(a.vocab, a.hidden)
+        self.pos_emb = nn.Embedding(a.seq, a.hidden)
+        self.blocks = nn.ModuleList(Block(a.hidden, a.heads, a.checkpoint) for _ in range(a.layers))
+        self.ln_f = nn.LayerNorm(a.hidden)
+        self.head = nn.Linear(a.hidden, a.vocab, bias=False)
+        if a.tie_embeddings:
+            self.head.weight = self.tok_emb.weight
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        x = self.tok_emb(idx) + self.pos_emb(pos)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+@torch.no_grad()
+def init_params(model: nn.Module, layers: int, seed: int, device: torch.device) -> None:
+    """GPT-2 style init drawn on `device` from one seeded generator, in module order.
+
+    Values are copied into each parameter's local storage, which also serves FSDP2's
+    sharded (DTensor) parameters that live in host memory.
+    """
+    gen = torch.Generator(device=device).manual_seed(seed)
+    seen = set()
+    for mod_name, module in model.named_modules():
+        for name, param in module.named_parameters(recurse=False):
+            if id(param) in seen:
+                continue
+            seen.add(id(param))
+            values = torch.empty(param.shape, device=device)
+            if isinstance(module, nn.LayerNorm):
+                values.fill_(1.0 if name == "weight" else 0.0)
+            elif name == "bias":
+                values.zero_()
+            else:
+                residual = mod_name.endswith(("proj", "fc_out"))
+                values.normal_(0.0, 0.02 / (2 * layers) ** 0.5 if residual else 0.02,
+                               generator=gen)
+            local = param.to_local() if hasattr(param, "to_local") else param
+            local.copy_(values)
+
+
+def count_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+# ----------------------------------------------------------------------------- setup
+
+
+def configure_determinism(enabled: bool) -> None:
+    """Must run before the first CUDA call: cuBLAS reads the variable when it starts."""
+    if enabled:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+
+
+def select_device(a: argparse.Namespace) -> torch.device:
+    if a.device == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise SystemExit("gpt_train: CUDA is not available (use --device cpu)")
+    torch.cuda.set_device(0)
+    device = torch.device("cuda", 0)
+    fraction = a.memory_fraction
+    if a.memory_budget is not None:
+        fraction = a.memory_budget / torch.cuda.get_device_properties(device).total_memory
+    if fraction is not None:
+        torch.cuda.set_per_process_memory_fraction(min(fraction, 1.0), device)
+    return device
+
+
+def build_native(a: argparse.Namespace, device: torch.device):
+    with torch.device(device):
+        model = GPT(a)
+    init_params(model, a.layers, a.seed, device)
+    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) \
+        if a.dtype == "bf16" else contextlib.nullcontext
+    return model, autocast
+
+
+def build_fsdp_offload(a: argparse.Namespace, device: torch.device):
+    """FSDP2 at world size 1 with parameters, gradients and optimizer state on the host."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    with torch.device("meta"):
+        model = GPT(a)
+    kwargs = {"offload_policy": CPUOffloadPolicy(pin_memory=device.type == "cuda")}
+    if a.dtype == "bf16":
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                   reduce_dtype=torch.float32)
+    for block in model.blocks:
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+    model.to_empty(device="cpu")
+    init_params(model, a.layers, a.seed, device)
+    return model, contextlib.nullcontext
+
+
+def make_batch(a: argparse.Namespace, device: torch.device):
+    gen = torch.Generator(device=device).manual_seed(a.seed + 1)
+    tokens = torch.randint(0, a.vocab, (a.batch, a.seq + 1), generator=gen, device=device)
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+# ----------------------------------------------------------------------------- measuring
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def memory_now(device: torch.device) -> dict:
+    """Peak counters since the last reset, and the device's used memory now."""
+    if device.type != "cuda":
+        return {}
+    out = {}
+    try:
+        out["max_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
+        out["max_reserved_bytes"] = torch.cuda.max_memory_reserved(device)
+    except RuntimeError as exc:  # a preloaded allocator may not answer the pool queries
+        warn_once("torch memory counters", exc)
+    try:
+        free, total = torch.cuda.mem_get_info(device)
+        out.update(device_used_bytes=total - free, device_total_bytes=total)
+    except RuntimeError as exc:
+        warn_once("cudaMemGetInfo", exc)
+    return out
+
+
+def reset_peaks(device: torch.device) -> None:
+    if device.type == "cuda":
+        try:
+            torch.cuda.reset_peak_memory_stats(device)
+        except RuntimeError as exc:
+            warn_once("torch.cuda.reset_peak_memory_stats", exc)
+
+
+_warned = set()
+
+
+def warn_once(what: str, exc: Exception) -> None:
+    if what not in _warned:
+        _warned.add(what)
+        print(f"gpt_train: warning: {what} failed, recorded as null: {exc}", file=sys.stderr)
+
+
+def train_step(model, opt, inputs, targets, autocast) -> torch.Tensor:
+    with autocast():
+        logits = model(inputs)
+    loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def step_line(rec: dict) -> str:
+    mem = ""
+    if rec.keys() & {"max_allocated_bytes", "device_used_bytes"}:
+        mem = (f"  peak alloc {benchlib.gib(rec.get('max_allocated_bytes'))} GiB"
+               f"  dev used {benchlib.gib(rec.get('device_used_bytes'))} GiB")
+    return (f"step {rec['step']:4d}  loss {rec['loss_hex']} ({rec['loss']:.6f})"
+            f"  time {rec['time_s']:.4f} s  {rec['tflops']:9.3f} TFLOPS{mem}")
+
+
+def summarize_memory(init: dict, steps: list) -> dict:
+    snaps = [init] + steps
+    peak = lambda key: max((s[key] for s in snaps if key in s), default=None)
+    return {"peak_allocated_bytes": peak("max_allocated_bytes"),
+            "peak_reserved_bytes": peak("max_reserved_bytes"),
+            "peak_device_used_bytes": peak("device_used_bytes"),
+            "device_total_bytes": init.get("device_total_bytes"), "note": MEMORY_NOTE}
+
+
+def base_result(a: argparse.Namespace) -> dict:
+    return {
+        "script": "gpt_train.py", "argv": sys.argv[1:], "config": vars(a),
+        "mode": "fsdp-offload" if a.fsdp_offload else "native",
+        "flops_formula": benchlib.FLOPS_FORMULA,
+        "flops_per_step": benchlib.megatron_flops(a.batch, a.seq, a.layers, a.hidden, a.vocab,
+                                                  recompute=a.checkpoint),
+        "torch_version": torch.__version__, "cuda_version": torch.version.cuda,
+        "env": {k: v for k, v in os.environ.items()
+                if k.startswith("PSSHIM_") or k in ("LD_PRELOAD", "PYTORCH_CUDA_ALLOC_CONF",
+                                                    "CUBLAS_WORKSPACE_CONFIG")},
+        "steps": [], "loss_hex": [], "loss": [], "step_times_s": [],
+        "oom": False, "error": None,
+    }
+
+
+def finish_result(res: dict, a: argparse.Namespace, init_mem: dict) -> None:
+    warm = min(a.warmup, max(len(res["step_times_s"]) - 1, 0))
+    med = benchlib.median(res["step_times_s"][warm:])
+    res.update(warmup_steps=warm, median_step_s=med,
+               tflops=res["flops_per_step"] / med / 1e12 if med else None,
+               memory=summarize_memory(init_mem, res["steps"]))
+
+
+def train(a: argparse.Namespace, res: dict) -> dict:
+    """Build, train, and fill `res` step by step (so an OOM keeps the partial record)."""
+    device = select_device(a)
+    res["device_name"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    torch.manual_seed(a.seed)
+    reset_peaks(device)
+    model, autocast = (build_fsdp_offload if a.fsdp_offload else build_native)(a, device)
+    res["param_count"] = count_params(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr,
+                            fused=bool(a.fused_adamw and device.type == "cuda"))
+    inputs, targets = make_batch(a, device)
+    synchronize(device)
+    init_mem = memory_now(device)
+    res["memory"] = summarize_memory(init_mem, [])
+    print(f"gpt_train: {res['mode']} {res['param_count'] / 1e6:.1f}M params on "
+          f"{res['device_name']}, torch {torch.__version__}", flush=True)
+    for step in range(a.steps):
+        reset_peaks(device)
+        synchronize(device)
+        t0 = time.perf_counter()
+        loss = train_step(model, opt, inputs, targets, autocast)
+        synchronize(device)
+        dt = time.perf_counter() - t0
+        value = loss.float().item()
+        rec = {"step": step, "loss_hex": float.hex(value), "loss": value, "time_s": dt,
+               "tflops": res["flops_per_step"] / dt / 1e12, **memory_now(device)}
+        res["steps"].append(rec)
+        res["loss_hex"].append(rec["loss_hex"])
+        res["loss"].append(value)
+        res["step_times_s"].append(dt)
+        finish_result(res, a, init_mem)
+        print(step_line(rec), flush=True)
+    return res
+
+
+def shutdown_distributed() -> None:
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory")
+
+
+def is_oom(exc: BaseException) -> bool:
+    """torch.OutOfMemoryError, or an error whose text says memory ran out (a CUDA error
+    from a library, or the host allocator: pinned or pageable host memory)."""
+    oom_type = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+    text = str(exc).lower()
+    return isinstance(exc, (oom_type, MemoryError)) or any(m in text for m in OOM_MESSAGES)
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    configure_determinism(a.deterministic)
+    res = base_result(a)
+    try:
+        train(a, res)
+        shutdown_distributed()
+    except Exception as exc:  # recorded in the JSON, then reported or re-raised
+        res.update(oom=is_oom(exc), error=f"{type(exc).__name__}: {exc}"[:4000])
+        if a.json:
+            benchlib.write_json(a.json, res)
+        if not res["oom"]:
+            raise
+        first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
+        print(f"gpt_train: OUT OF MEMORY after {len(res['steps'])} step(s): {first_line}",
+              file=sys.stderr)
+        return benchlib.EXIT_OOM
+    if a.json:
+        benchlib.write_json(a.json, res)
+    print(f"gpt_train: median step {res['median_step_s']:.4f} s (after {res['warmup_steps']} "
+          f"warm-up), {res['tflops']:.3f} TFLOPS, peak allocated "
+          f"{benchlib.gib(res['memory']['peak_allocated_bytes'])} GiB", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
