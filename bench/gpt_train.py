@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import os
 import sys
+import textwrap
 import time
 
 import torch
@@ -37,21 +38,27 @@ MEMORY_NOTE = (
 # ----------------------------------------------------------------------------- options
 
 
+def wrap(text: str) -> str:
+    return textwrap.fill(text, width=90)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=(
-            "Precedence of settings: command-line flag > environment variable "
-            f"{ENV_PREFIX}<OPTION> (e.g. {ENV_PREFIX}LAYERS=4, {ENV_PREFIX}DETERMINISTIC=1) "
-            "> --preset > built-in default.\n\n"
-            "Presets:\n" + "\n".join(f"  {name}: {cfg}" for name, cfg in benchlib.PRESETS.items())
-            + "\n\nTFLOPS: " + benchlib.FLOPS_FORMULA + "\n\nMemory: " + MEMORY_NOTE
-            + "\n\nData: one fixed batch of random tokens drawn on the device from a generator "
-            "seeded with --seed (next-token targets); the loss falls as the model memorizes it."
-            f"\n\nExit status: 0 ok, {benchlib.EXIT_OOM} out of memory (with --json, the file "
-            "has \"oom\": true), 1 any other failure."
-        ),
+        epilog="\n\n".join([
+            wrap("Precedence of settings: command-line flag > environment variable "
+                 f"{ENV_PREFIX}<OPTION> (e.g. {ENV_PREFIX}LAYERS=4, {ENV_PREFIX}DETERMINISTIC=1)"
+                 " > --preset > built-in default."),
+            "Presets:\n" + "\n".join(f"  {name}: {cfg}" for name, cfg in benchlib.PRESETS.items()),
+            wrap("TFLOPS: " + benchlib.FLOPS_FORMULA),
+            wrap("Memory: " + MEMORY_NOTE),
+            wrap("Data: one fixed batch of random tokens drawn on the device from a generator "
+                 "seeded with --seed (next-token targets); the loss falls as the model "
+                 "memorizes it."),
+            wrap(f"Exit status: 0 ok, {benchlib.EXIT_OOM} out of memory (with --json, the file "
+                 "has \"oom\": true), 1 any other failure."),
+        ]),
     )
     p.add_argument("--preset", choices=sorted(benchlib.PRESETS), default="demo",
                    help="model/run size preset (default: demo)")
