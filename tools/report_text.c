@@ -18,7 +18,9 @@ static void run_header(const struct rp_trace *t, FILE *f) {
   fprintf(f, "RUN\n");
   fprintf(f, "  process     pid %u on %s, started %s, traced for %.3f s\n", h->pid,
           h->device[0] ? h->device : "an unnamed device", when, rp_secs(t, t->t1));
-  fprintf(f, "  chunks      %s each; GPU budget %s, host budget %s\n", rp_bytes(h->chunk_size, a, sizeof a),
+  char chunk[48] = "size unset";
+  if (h->chunk_size) snprintf(chunk, sizeof chunk, "%s each", rp_bytes(h->chunk_size, a, sizeof a));
+  fprintf(f, "  chunks      %s; GPU budget %s, host budget %s\n", chunk,
           h->gpu_budget ? rp_bytes(h->gpu_budget, b, sizeof b) : "unset",
           h->host_budget ? rp_bytes(h->host_budget, c, sizeof c) : "unset");
   fprintf(f, "  chunk space 0x%llx, %s\n", (unsigned long long)h->space_base,
@@ -30,9 +32,13 @@ static void run_header(const struct rp_trace *t, FILE *f) {
           (unsigned long long)t->stats.blocks, rp_bytes(t->stats.good_bytes, a, sizeof a),
           t->stats.clean_end ? "closed cleanly" : "not closed (the process died or is still running)");
   fprintf(f, "  records    ");
+  bool any = false;
   for (unsigned k = PST_REC_ALLOC; k < PST_REC_END; k++)
-    if (count[k]) fprintf(f, " %zu %s", count[k], pst_record_type_name(k));
-  fprintf(f, "\n");
+    if (count[k]) {
+      fprintf(f, " %zu %s", count[k], pst_record_type_name(k));
+      any = true;
+    }
+  fprintf(f, "%s\n", any ? "" : " none besides the writer's own");
   if (t->error[0])
     fprintf(f, "  damage      %s; %s unreadable\n", t->error, rp_bytes(t->stats.lost_bytes, a, sizeof a));
   size_t shown = 0;
