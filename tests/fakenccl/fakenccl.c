@@ -1,12 +1,16 @@
 /* A stand-in libnccl.so.2 for tests: collectives between processes of one host through a
  * shared-memory segment, on "device" buffers that are plain host memory (as under
- * tests/fakecuda/). Collectives run at call time; the stream is not used. Every wait is
+ * tests/fakecuda/). Collectives run at call time, after the work already enqueued on their
+ * stream when a libcuda (tests/fakecuda/'s) is loaded; later work on the stream naturally
+ * comes after. Every wait is
  * bounded (FAKENCCL_TIMEOUT_S, default 30): a dead rank makes the others return
  * ncclRemoteError, a stuck one ncclSystemError, and a rank that aborts makes the others
  * return ncclRemoteError; nothing hangs.
  *
  * Fault injection: FAKENCCL_KILL_IN_OP=N makes this process SIGKILL itself in the middle of
  * its Nth collective (after everyone contributed, before anyone finished). */
+#include <cuda.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <nccl.h>
@@ -14,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
@@ -184,6 +189,22 @@ static size_t type_size(ncclDataType_t t) {
   }
 }
 
+static CUresult (*stream_sync)(CUstream);
+
+/* Only a libcuda the process already loaded: the fake never brings one in itself. */
+static void find_stream_sync(void) {
+  void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (h) *(void **)&stream_sync = dlsym(h, "cuStreamSynchronize");
+}
+
+/* The collective reads what earlier work on its stream wrote (the own shard's copy before
+ * an all-gather): under fakecuda that work runs on the stream's thread, so wait for it. */
+static ncclResult_t after_stream(cudaStream_t stream) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, find_stream_sync);
+  return !stream_sync || stream_sync(stream) == CUDA_SUCCESS ? ncclSuccess : ncclUnhandledCudaError;
+}
+
 static ncclResult_t step_barrier(ncclComm_t c) {
   struct psg_failure why;
   if (psg_barrier(&c->seg->group, c->rank, c->timeout_s, &why) == PSG_OK) return ncclSuccess;
@@ -251,8 +272,10 @@ static void consume(ncclComm_t c, const struct op *op, size_t off, size_t len) {
 
 /* Every collective: stage a piece, meet, consume every rank's piece, meet again (so the
  * stage can be reused). */
-static ncclResult_t run(ncclComm_t c, const struct op *op) {
+static ncclResult_t run(ncclComm_t c, const struct op *op, cudaStream_t stream) {
   if (c->error != ncclSuccess) return c->error;
+  ncclResult_t waited = after_stream(stream);
+  if (waited != ncclSuccess) return c->error = waited;
   c->ops++;
   size_t off = 0;
   do { /* once even for 0 bytes: every rank still meets */
@@ -270,31 +293,28 @@ static ncclResult_t run(ncclComm_t c, const struct op *op) {
 
 FAKE_API ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataType_t t,
                                     ncclComm_t c, cudaStream_t stream) {
-  (void)stream;
   size_t es = type_size(t);
   if (!c || !es) return ncclInvalidArgument;
   struct op op = {.kind = GATHER, .send = send, .recv = recv, .per_rank = count * es};
-  return run(c, &op);
+  return run(c, &op, stream);
 }
 
 FAKE_API ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t t,
                                     ncclRedOp_t red, ncclComm_t c, cudaStream_t stream) {
-  (void)stream;
   size_t es = type_size(t);
   bool supported = t == ncclInt32 || t == ncclUint32 || t == ncclInt64 || t == ncclUint64 ||
                    t == ncclFloat32 || t == ncclFloat64;
   if (!c || !supported || red < ncclSum || red > ncclMin) return ncclInvalidArgument;
   struct op op = {.kind = REDUCE, .send = send, .recv = recv, .per_rank = count * es, .type = t,
                   .red = red};
-  return run(c, &op);
+  return run(c, &op, stream);
 }
 
 FAKE_API ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t t,
                                     int root, ncclComm_t c, cudaStream_t stream) {
-  (void)stream;
   size_t es = type_size(t);
   if (!c || !es || root < 0 || root >= c->n) return ncclInvalidArgument;
   struct op op = {.kind = BCAST, .send = c->rank == root ? send : NULL, .recv = recv,
                   .per_rank = count * es, .root = root};
-  return run(c, &op);
+  return run(c, &op, stream);
 }
