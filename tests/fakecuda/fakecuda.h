@@ -18,9 +18,15 @@
  *   FAKECUDA_HOST_MEM        capacity for HOST/HOST_NUMA frames, default 4G
  *   FAKECUDA_DEVICE_COUNT    number of devices, default 1 (0 makes cuInit fail NO_DEVICE)
  *   FAKECUDA_COPY_DELAY_US   each copy/memset sleeps this long on its stream before it runs
- *   FAKECUDA_EVENT_DELAY_US  each event record completes this long after its stream reaches it
+ *   FAKECUDA_EVENT_DELAY_US  each event record completes this long after its stream reaches
+ *                            it (the stream waits too: after a stream sync its events are done)
  *   FAKECUDA_KERNEL_DELAY_US each kernel sleeps this long on its stream before it runs
- * A malformed value makes cuInit print one line and return CUDA_ERROR_INVALID_VALUE. */
+ * A malformed value makes cuInit print one line and return CUDA_ERROR_INVALID_VALUE.
+ *
+ * fork(): the child has none of the parent's stream worker threads, so a child may only
+ * use streams it creates itself (fork while the parent's streams are idle). Tests that
+ * expect a fault fork, touch or launch in the child, and check it died by SIGSEGV;
+ * fakecuda_env adds handle_segv=0 to ASAN_OPTIONS so sanitizers let SIGSEGV kill. */
 #ifndef FAKECUDA_H
 #define FAKECUDA_H
 

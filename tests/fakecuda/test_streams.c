@@ -1,6 +1,6 @@
 /* Stream ordering on the fake driver: work is really asynchronous, in order on a
  * stream, ordered across streams by events and by the legacy NULL stream's rule.
- * Kernels sleep DELAY_US (fakecuda_set_delays) so that unordered work shows. */
+ * Kernels sleep DELAY_US (FAKECUDA_KERNEL_DELAY_US) so that unordered work shows. */
 #include <pthread.h>
 #include <string.h>
 
@@ -29,16 +29,6 @@ static CUdeviceptr zeroed_int(void) {
   return d;
 }
 
-static int setup(void **state) {
-  (void)state;
-  fakecuda_set_delays(0, 0, DELAY_US);
-  return 0;
-}
-static int teardown(void **state) {
-  (void)state;
-  fakecuda_set_delays(0, 0, 0);
-  return 0;
-}
 
 /* (c) a copy after a slow kernel on the same stream sees its result; an event recorded
  * after them is not complete before they are. */
@@ -275,6 +265,10 @@ static void test_copy_argument_errors(void **state) {
 }
 
 int main(void) {
+  /* The kernel delay comes from the environment, read by cuInit. */
+  char delay[16];
+  snprintf(delay, sizeof delay, "%d", DELAY_US);
+  setenv("FAKECUDA_KERNEL_DELAY_US", delay, 1);
   setup_context();
   static const size_t sizes[] = {sizeof(int *), sizeof(int)};
   store_fn = fakecuda_register_kernel("store", store_kernel, NULL, 2, sizes);
@@ -289,5 +283,5 @@ int main(void) {
       cmocka_unit_test(test_per_thread_stream),
       cmocka_unit_test(test_copy_argument_errors),
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -36,6 +36,29 @@ static void test_unmapped_touch_faults(void **state) {
   CU_OK(cuMemAddressFree(va, 4 * GRAN));
 }
 
+/* A copy engine reading an unmapped chunk is a fault too: the stream's worker dies. */
+static void copy_in_child(void *arg) {
+  CUstream s; /* made in the child: the parent's workers are not here */
+  char host[64];
+  if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) _exit(2);
+  if (cuMemcpyDtoHAsync_v2(host, (CUdeviceptr)(uintptr_t)arg, sizeof host, s) != CUDA_SUCCESS) _exit(3);
+  if (cuStreamSynchronize(s) != CUDA_SUCCESS) _exit(4);
+}
+
+static void test_copy_from_unmapped_chunk_faults(void **state) {
+  (void)state;
+  CUdeviceptr va;
+  CU_OK(cuMemAddressReserve(&va, 2 * GRAN, 0, 0, 0));
+  CUmemGenericAllocationHandle h = make_frame(GRAN);
+  CU_OK(cuMemMap(va, GRAN, 0, h, 0));
+  allow_rw(va, GRAN);
+  assert_exited_ok(run_in_child(copy_in_child, (void *)(uintptr_t)va));
+  assert_killed_by_segv(run_in_child(copy_in_child, (void *)(uintptr_t)(va + GRAN)));
+  CU_OK(cuMemUnmap(va, GRAN));
+  CU_OK(cuMemRelease(h));
+  CU_OK(cuMemAddressFree(va, 2 * GRAN));
+}
+
 /* (b) data written through one mapping is there after unmap and remap elsewhere,
  * and two mappings of one frame alias. */
 static void test_data_survives_remap(void **state) {
@@ -229,6 +252,7 @@ int main(void) {
   setup_context();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_unmapped_touch_faults),
+      cmocka_unit_test(test_copy_from_unmapped_chunk_faults),
       cmocka_unit_test(test_data_survives_remap),
       cmocka_unit_test(test_capacity_and_mem_get_info),
       cmocka_unit_test(test_argument_errors),
