@@ -10,7 +10,8 @@ static struct psg_group *group(void) { return &psc_state.node->group; }
 static int me(void) { return psc_state.ranks.local_rank; }
 
 bool psc_comm_abort(const struct psg_failure *cause) {
-  if (psc_state.comm) psc_nccl.ncclCommAbort(psc_state.comm);
+  /* Its result changes nothing: the communicator is given up either way. */
+  if (psc_state.comm) (void)psc_nccl.ncclCommAbort(psc_state.comm);
   psc_state.comm = NULL;
   psc_state.comm_aborted = true;
   struct psg_failure mine = {PSG_GAVE_UP, me(), 0};

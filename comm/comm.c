@@ -113,7 +113,11 @@ bool psc_comm_init(CUresult (*stream_query)(CUstream)) {
 }
 
 void psc_node_leave(void) {
-  if (psc_state.comm) psc_nccl.ncclCommDestroy(psc_state.comm);
+  if (psc_state.comm) {
+    ncclResult_t r = psc_nccl.ncclCommDestroy(psc_state.comm);
+    if (r != ncclSuccess && r != ncclInProgress) /* in progress: it finishes on its own */
+      psc_errorf("ncclCommDestroy failed: %s", psc_nccl.ncclGetErrorString(r));
+  }
   psc_state.comm = NULL;
   psc_state.comm_aborted = false;
   psc_rendezvous_close();

@@ -10,7 +10,6 @@
 /* Non-blocking communicators (ncclCommInitRankConfig + ncclCommGetAsyncError, NCCL 2.14)
  * are what let every wait carry a timeout. */
 #define PSC_NCCL_FUNCS(X)                                                                    \
-  X(ncclGetVersion, ncclResult_t, (int *))                                                   \
   X(ncclGetUniqueId, ncclResult_t, (ncclUniqueId *))                                         \
   X(ncclCommInitRankConfig, ncclResult_t, (ncclComm_t *, int, ncclUniqueId, int, ncclConfig_t *)) \
   X(ncclCommGetAsyncError, ncclResult_t, (ncclComm_t, ncclResult_t *))                       \
