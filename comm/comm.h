@@ -39,8 +39,9 @@ struct psc_ranks {
 enum psc_found { PSC_ALONE = 0, PSC_GROUP = 1, PSC_BAD = -1 };
 /* PSC_ALONE when WORLD_SIZE is unset or 1 (one getenv, nothing else) or this rank is alone
  * on its node; PSC_GROUP with *r filled; PSC_BAD after one line naming the variable. The job
- * key is TORCHELASTIC_RUN_ID when set, else MASTER_ADDR:MASTER_PORT, plus the uid and the
- * node rank (two nodes simulated on one host must not meet). */
+ * key holds TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT and MASTER_ADDR:MASTER_PORT,
+ * those set (a run id, or an address and a port, is required), the uid and the node rank
+ * (two jobs, restarts, users or simulated nodes on one host must not meet). */
 enum psc_found psc_ranks_read(struct psc_ranks *r);
 
 /* ---- configuration every rank of the node must share ---- */
@@ -70,7 +71,8 @@ struct psc_shard psc_shard_of(uint64_t chunk_size, int n, int rank);
 /* Reads the ranks; if alone, returns PSC_ALONE having touched nothing else. Otherwise meets
  * the node's other ranks (rank 0 creates the segment), exchanges configurations and refuses
  * a mismatch (psc_check_config) or a chunk size that does not shard (psc_shard_check with
- * shard_align). Needs no CUDA. */
+ * shard_align). Needs no CUDA. After PSC_BAD this process is alone (the calls below are
+ * no-ops); whether to stop is the caller's choice. */
 enum psc_found psc_node_join(const struct psc_config *cfg, uint64_t shard_align);
 /* This rank in the group, and the group's size (1 when alone). */
 int psc_rank(void);
@@ -97,11 +99,13 @@ uint64_t psc_host_reserved(void);
 
 /* ---- the NCCL communicator (after psc_node_join returned PSC_GROUP) ---- */
 /* Loads NCCL, takes rank 0's unique id through the segment and builds the communicator on
- * the current CUDA context's device. stream_query (the driver's cuStreamQuery) lets
- * psc_stream_wait poll instead of block. */
+ * the current CUDA context's device (each rank on its own GPU). stream_query (the driver's
+ * cuStreamQuery) lets psc_stream_wait poll instead of block. A failure here or on a peer
+ * gives the communicator up for good. */
 bool psc_comm_init(CUresult (*stream_query)(CUstream));
-/* Enqueue on stream; buffers are device addresses of this rank's GPU. A false return means
- * the communicator is aborted and every later call fails at once. */
+/* Enqueue on stream; buffers are device addresses of this rank's GPU. When NCCL fails, a
+ * peer is gone or a wait times out, the line is written, the communicator is aborted and
+ * every later call returns false at once, without another line. */
 /* buf holds bytes; this rank's shard (psc_shard_of geometry: offset rank*bytes/n) is in
  * place; afterwards the whole buf is. */
 bool psc_allgather_inplace(CUdeviceptr buf, size_t bytes, CUstream stream);
