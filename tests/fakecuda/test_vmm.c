@@ -36,6 +36,35 @@ static void test_unmapped_touch_faults(void **state) {
   CU_OK(cuMemAddressFree(va, 4 * GRAN));
 }
 
+static void read_byte(void *p) {
+  if (*(volatile char *)p != 42) _exit(3);
+}
+
+/* cuMemSetAccess sets the protection it is given: read-only faults on a write,
+ * PROT_NONE on a read. */
+static void test_access_flags(void **state) {
+  (void)state;
+  CUdeviceptr va;
+  CU_OK(cuMemAddressReserve(&va, GRAN, 0, 0, 0));
+  CUmemGenericAllocationHandle h = make_frame(GRAN);
+  CU_OK(cuMemMap(va, GRAN, 0, h, 0));
+  allow_rw(va, GRAN);
+  char *p = (char *)(uintptr_t)va;
+  p[0] = 42;
+  CUmemAccessDesc ro = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READ};
+  CU_OK(cuMemSetAccess(va, GRAN, &ro, 1));
+  assert_exited_ok(run_in_child(read_byte, p));
+  assert_killed_by_segv(run_in_child(touch, p));
+  CUmemAccessDesc none = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_NONE};
+  CU_OK(cuMemSetAccess(va, GRAN, &none, 1));
+  assert_killed_by_segv(run_in_child(read_byte, p));
+  CUmemAccessDesc bad = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, (CUmemAccess_flags)2};
+  assert_int_equal(cuMemSetAccess(va, GRAN, &bad, 1), CUDA_ERROR_INVALID_VALUE);
+  CU_OK(cuMemUnmap(va, GRAN));
+  CU_OK(cuMemRelease(h));
+  CU_OK(cuMemAddressFree(va, GRAN));
+}
+
 /* A copy engine reading an unmapped chunk is a fault too: the stream's worker dies. */
 static void copy_in_child(void *arg) {
   CUstream s; /* made in the child: the parent's workers are not here */
@@ -252,6 +281,7 @@ int main(void) {
   setup_context();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_unmapped_touch_faults),
+      cmocka_unit_test(test_access_flags),
       cmocka_unit_test(test_copy_from_unmapped_chunk_faults),
       cmocka_unit_test(test_data_survives_remap),
       cmocka_unit_test(test_capacity_and_mem_get_info),
