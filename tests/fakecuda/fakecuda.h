@@ -46,7 +46,8 @@ typedef void (*fakecuda_kernel_fn)(void **args, void *user);
 /* Registers fn as a kernel with nparams parameters of the given sizes. Offsets follow
  * C layout: each parameter is aligned to min(size, 8) rounded down to a power of two.
  * Returns NULL on a bad argument or out of memory. Kernels live until the process ends.
- * cuFuncGetParamInfo, cuFuncGetName and both cuLaunchKernel forms work on the result. */
+ * cuFuncGetParamInfo, cuFuncGetName, both cuLaunchKernel forms, and (as CUkernel)
+ * cuKernelGetParamInfo / cuKernelGetName work on the result. */
 FAKECUDA_API CUfunction fakecuda_register_kernel(const char *name, fakecuda_kernel_fn fn,
                                                  void *user, size_t nparams,
                                                  const size_t *param_sizes);
