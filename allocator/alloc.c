@@ -1,5 +1,6 @@
 /* The allocator's entry points: allocate, free, memory info, migrate, fork. */
 #include "allocator/allocator_internal.h"
+#include "tracer/tracer.h"
 
 #include <inttypes.h>
 #include <string.h>
@@ -15,12 +16,26 @@ static bool fits(struct device *d, struct span *s, uint64_t size)
   return s->nchunks * d->chunk_size - s->live_bytes >= size;
 }
 
+/* Best fit over every span of the list: fragmentation is what decides how much of a
+ * budget the tensors really get. */
 static struct span *carve_in(struct device *d, enum psa_where w, uint64_t size, CUstream stream, uint64_t *off)
 {
-  for (struct span *s = d->spans[w]; s; s = s->next)
-    if (fits(d, s, size) && psa_span_carve(d, s, size, stream, off))
-      return s;
-  return NULL;
+  struct span *best = NULL;
+  int64_t best_i = -1;
+  uint64_t best_len = UINT64_MAX;
+  for (struct span *s = d->spans[w]; s && best_len != size; s = s->next) {
+    if (!fits(d, s, size))
+      continue;
+    int64_t i = psa_span_best(d, s, size, stream);
+    if (i >= 0 && s->ranges[i].len < best_len) {
+      best = s;
+      best_i = i;
+      best_len = s->ranges[i].len;
+    }
+  }
+  if (best)
+    *off = psa_span_take(d, best, (uint32_t)best_i, size);
+  return best;
 }
 
 static bool gpu_frame_available(struct device *d)
@@ -39,8 +54,8 @@ static struct span *place(struct device *d, uint64_t size, CUstream stream, uint
   if (!gpu_frame_available(d) && (s = carve_in(d, PSA_HOST, size, stream, off)))
     return s;
   s = psa_span_new(d, nchunks);
-  if (s && !psa_span_carve(d, s, size, stream, off))
-    return NULL; /* cannot happen: a new span is one free range of at least size */
+  if (s)
+    *off = psa_span_take(d, s, 0, size); /* a new span is one free range of at least size */
   return s;
 }
 
@@ -75,10 +90,21 @@ CUresult psa_alloc(int ordinal, size_t size, CUstream stream, CUdeviceptr *p)
   s->live_allocs++;
   d->stats.allocs++;
   d->stats.live_bytes += asize;
-  if (d->stats.live_bytes > d->stats.peak_live_bytes)
+  if (d->stats.live_bytes > d->stats.peak_live_bytes) {
     d->stats.peak_live_bytes = d->stats.live_bytes;
+    d->stats.mapped_at_peak = d->stats.mapped_chunk_bytes;
+  }
+  uint64_t chunk = (ptr - d->base) / d->chunk_size;
+  enum psa_where where = d->frames[d->chunks[chunk].frame].where;
   pthread_mutex_unlock(&d->lock);
   *p = ptr;
+  if (pst_trace_enabled()) {
+    struct pst_record r = {.type = PST_REC_ALLOC,
+                           .alloc = {.addr = ptr, .size = asize, .stream = (uint64_t)(uintptr_t)stream,
+                                     .stack = pst_trace_stack_here(2), .chunk = (uint32_t)chunk,
+                                     .placement = where == PSA_GPU ? PST_PLACE_GPU : PST_PLACE_HOST}};
+    pst_trace_emit(&r);
+  }
   return CUDA_SUCCESS;
 }
 
@@ -112,6 +138,10 @@ CUresult psa_free(CUdeviceptr p, CUstream stream, bool sync)
   d->stats.frees++;
   d->stats.live_bytes -= size;
   pthread_mutex_unlock(&d->lock);
+  if (pst_trace_enabled()) {
+    struct pst_record r = {.type = PST_REC_FREE, .free = {.addr = p, .stream = (uint64_t)(uintptr_t)stream}};
+    pst_trace_emit(&r);
+  }
   return CUDA_SUCCESS;
 }
 

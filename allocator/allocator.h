@@ -56,7 +56,8 @@ struct psa_stats {
   uint64_t live_bytes, peak_live_bytes;
   uint64_t gpu_frames, peak_gpu_frames, host_frames, peak_host_frames; /* frames in use by chunks */
   uint64_t gpu_frames_made, host_frames_made;
-  uint64_t mapped_chunk_bytes;          /* chunks mapped now, for the fill ratio */
+  uint64_t mapped_chunk_bytes;          /* chunks mapped now */
+  uint64_t mapped_at_peak;              /* chunks mapped when live bytes peaked: the fill ratio */
   uint64_t migrations_to_gpu, migrations_to_host, bytes_h2d, bytes_d2h;
   uint64_t gpu_budget, host_budget, chunk_size;
 };

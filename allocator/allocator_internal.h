@@ -101,11 +101,16 @@ void psa_pool_stop(struct device *d);
 /* spans.c */
 struct span *psa_span_new(struct device *d, uint64_t nchunks);
 void psa_span_delete(struct device *d, struct span *s);
-bool psa_span_carve(struct device *d, struct span *s, uint64_t size, CUstream stream, uint64_t *off);
+/* The smallest free range of s that `stream` may use for size bytes (best fit keeps big
+ * ranges whole for big tensors), or -1; then carving size bytes from its start. */
+int64_t psa_span_best(struct device *d, struct span *s, uint64_t size, CUstream stream);
+uint64_t psa_span_take(struct device *d, struct span *s, uint32_t i, uint64_t size);
 void psa_span_release(struct device *d, struct span *s, uint64_t off, uint64_t size, CUstream stream,
                       CUevent ev);
 bool psa_span_idle(struct device *d, struct span *s);
 void psa_span_relist(struct device *d, struct span *s);
+/* A CHUNK record (enum pst_chunk_event) when tracing. */
+void psa_trace_chunk(struct device *d, uint64_t chunk, uint32_t event);
 CUevent psa_event_get(struct device *d);
 void psa_event_put(struct device *d, CUevent e);
 

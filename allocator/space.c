@@ -1,6 +1,8 @@
 /* Per-device set-up: budgets, the address reservation, chunk slots, mapping. */
 #include "allocator/allocator_internal.h"
+#include "tracer/tracer.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -112,6 +114,22 @@ static bool setup(struct device *d, int ordinal)
   return true;
 }
 
+/* The first device starts the process's observation session (trace, launches). */
+static void start_session(struct device *d)
+{
+  static bool started;
+  if (started)
+    return;
+  started = true;
+  struct pst_trace_header h = {.chunk_size = d->chunk_size, .gpu_budget = d->stats.gpu_budget,
+                               .host_budget = d->stats.host_budget, .space_base = d->base,
+                               .space_size = d->nchunks * d->chunk_size};
+  CUresult (*get_name)(char *, int, CUdevice) = (CUresult(*)(char *, int, CUdevice))ps_driver_symbol("cuDeviceGetName");
+  if (!get_name || get_name(h.device, sizeof h.device, d->dev) != CUDA_SUCCESS)
+    snprintf(h.device, sizeof h.device, "device %d", d->ordinal);
+  pst_session_start(&h);
+}
+
 struct device *psa_device_get(int ordinal)
 {
   if (ordinal < 0 || ordinal >= PSA_MAX_DEVICES)
@@ -122,10 +140,12 @@ struct device *psa_device_get(int ordinal)
   pthread_mutex_lock(&setup_lock);
   if (!d->ready && !d->failed) {
     pthread_mutex_init(&d->lock, NULL);
-    if (setup(d, ordinal))
+    if (setup(d, ordinal)) {
       __atomic_store_n(&d->ready, true, __ATOMIC_RELEASE);
-    else
+      start_session(d);
+    } else {
       d->failed = true;
+    }
   }
   pthread_mutex_unlock(&setup_lock);
   return d->ready ? d : NULL;

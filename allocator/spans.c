@@ -3,6 +3,7 @@
  * stream stays "pending" on that stream (reusable by that stream at once, since later work
  * there runs after the free) until an event shows the stream has passed the free. */
 #include "allocator/allocator_internal.h"
+#include "tracer/tracer.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -146,24 +147,34 @@ static bool grow(struct span *s)
   return true;
 }
 
-bool psa_span_carve(struct device *d, struct span *s, uint64_t size, CUstream stream, uint64_t *off)
+int64_t psa_span_best(struct device *d, struct span *s, uint64_t size, CUstream stream)
 {
+  int64_t best = -1;
   for (uint32_t i = 0; i < s->nranges; i++) {
     if (s->ranges[i].pending && s->ranges[i].stream != stream)
       i = settle(d, s, i);
-    struct range *r = &s->ranges[i];
+    const struct range *r = &s->ranges[i];
     if (r->len < size || (r->pending && r->stream != stream))
       continue;
-    *off = r->off;
-    r->off += size;
-    r->len -= size;
-    if (r->len == 0) {
-      psa_event_put(d, r->event);
-      remove_at(s, i);
-    }
-    return true;
+    if (best < 0 || r->len < s->ranges[best].len)
+      best = i;
+    if (r->len == size)
+      break;
   }
-  return false;
+  return best;
+}
+
+uint64_t psa_span_take(struct device *d, struct span *s, uint32_t i, uint64_t size)
+{
+  struct range *r = &s->ranges[i];
+  uint64_t off = r->off;
+  r->off += size;
+  r->len -= size;
+  if (r->len == 0) {
+    psa_event_put(d, r->event);
+    remove_at(s, i);
+  }
+  return off;
 }
 
 void psa_span_release(struct device *d, struct span *s, uint64_t off, uint64_t size, CUstream stream, CUevent ev)
@@ -198,6 +209,16 @@ bool psa_span_idle(struct device *d, struct span *s)
   return s->nranges == 1 && !s->ranges[0].pending;
 }
 
+void psa_trace_chunk(struct device *d, uint64_t chunk, uint32_t event)
+{
+  if (!pst_trace_enabled())
+    return;
+  struct pst_record r = {.type = PST_REC_CHUNK, .chunk = {.id = (uint32_t)chunk, .event = event,
+                                                          .base = d->base + chunk * d->chunk_size,
+                                                          .size = d->chunk_size}};
+  pst_trace_emit(&r);
+}
+
 void psa_span_delete(struct device *d, struct span *s)
 {
   list_remove(d, s);
@@ -209,6 +230,7 @@ void psa_span_delete(struct device *d, struct span *s)
     psa_frame_give(d, c->frame);
     c->frame = PSA_NO_FRAME;
     d->stats.mapped_chunk_bytes -= d->chunk_size;
+    psa_trace_chunk(d, s->first_chunk + i, PST_CHUNK_RELEASED);
   }
   psa_chunks_unreserve(d, s->first_chunk, s->nchunks);
   for (uint32_t i = 0; i < s->nranges; i++)
@@ -283,6 +305,7 @@ struct span *psa_span_new(struct device *d, uint64_t nchunks)
     }
     d->chunks[first + i].frame = f;
     d->stats.mapped_chunk_bytes += d->chunk_size;
+    psa_trace_chunk(d, first + i, d->frames[f].where == PSA_GPU ? PST_CHUNK_FRAME_GPU : PST_CHUNK_FRAME_HOST);
   }
   s->ranges[0] = (struct range){.off = 0, .len = nchunks * d->chunk_size};
   s->nranges = 1;

@@ -28,7 +28,8 @@ void psa_stats_write(FILE *f, bool json)
 {
   struct psa_stats s;
   psa_stats_get(&s);
-  double fill = s.mapped_chunk_bytes ? 100.0 * (double)s.live_bytes / (double)s.mapped_chunk_bytes : 0;
+  /* Fill at the peak: how much of the mapped chunk space live tensors used when it counted. */
+  double fill = s.mapped_at_peak ? 100.0 * (double)s.peak_live_bytes / (double)s.mapped_at_peak : 0;
   if (json) {
     fprintf(f,
             "{\"allocs\": %llu, \"frees\": %llu, \"failed_allocs\": %llu, \"live_bytes\": %llu, "

@@ -2,6 +2,7 @@
  * statistics at exit. The driver itself is loaded at the first door that needs it, so a
  * process that never touches CUDA (a DataLoader worker, a shell) pays nothing. */
 #include "allocator/allocator.h"
+#include "tracer/tracer.h"
 #include "shim/shim_internal.h"
 
 #include <pthread.h>
@@ -42,7 +43,10 @@ __attribute__((constructor)) static void psshim_start(void)
 
 __attribute__((destructor)) static void psshim_end(void)
 {
-  if (!options_ok || !ps_options.stats || psa_in_forked_child())
+  if (!options_ok || psa_in_forked_child())
+    return;
+  pst_session_end();
+  if (!ps_options.stats)
     return;
   if (!ps_options.stats_path) {
     psa_stats_write(stderr, false);

@@ -216,4 +216,12 @@ void pst_observe_stop(void);
 /* Moments observed so far. */
 uint64_t pst_observe_moments(void);
 
+/* The process's observation session (session.c), started by the allocator when it sets
+ * up its first device: opens PSSHIM_TRACE with header h, observes launches when tracing
+ * or when PSSHIM_POLICY=auto, detects the iteration period (ITERATION records), samples
+ * memory every PSSHIM_SAMPLE_MS (SAMPLE records). False when launches cannot be observed. */
+bool pst_session_start(const struct pst_trace_header *h);
+/* Stops sampling and closes the trace; at exit (no CUPTI calls). */
+void pst_session_end(void);
+
 #endif

@@ -1,0 +1,170 @@
+/* Launch observation through the (fake) CUPTI: the pointers into psshim's chunk space
+ * that each launch's parameters hold, plain, inside structs passed by value, at offsets
+ * that are not multiples of 8, and in the `extra` buffer form, give exactly the right
+ * chunk sets; copies report their ends; a second CUPTI subscriber is refused. */
+#include "allocator/allocator.h"
+#include "shim/shim.h"
+#include "tests/fakecuda/fakecuda.h"
+#include "tracer/tracer.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <cupti.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MiB (1024ull * 1024)
+
+struct seen {
+  char name[32];
+  uint64_t ptrs[16];
+  uint32_t n;
+  int kind;
+};
+static struct seen seen[32];
+static int nseen, exits;
+
+static void record(const struct pst_launch *l, bool enter, void *user)
+{
+  (void)user;
+  if (!enter) {
+    exits++;
+    return;
+  }
+  if (nseen == 32)
+    return;
+  struct seen *s = &seen[nseen++];
+  snprintf(s->name, sizeof s->name, "%s", l->name ? l->name : "?");
+  s->n = l->nptrs < 16 ? l->nptrs : 16;
+  memcpy(s->ptrs, l->ptrs, s->n * sizeof(uint64_t));
+  s->kind = l->kind;
+}
+
+static void nop(void **args, void *user)
+{
+  (void)args;
+  (void)user;
+}
+
+static CUdeviceptr a, b, c, big;
+
+static int setup(void **state)
+{
+  (void)state;
+  setenv("PSSHIM_CHUNK_SIZE", "2M", 1);
+  setenv("PSSHIM_GPU_BUDGET", "64M", 1);
+  setenv("PSSHIM_HOST_BUDGET", "64M", 1);
+  char err[256];
+  if (!ps_options_parse(err, sizeof err) || !ps_driver_load())
+    return -1;
+  CUdevice dev;
+  CUcontext ctx;
+  if (ps_driver.cuInit(0) || ps_driver.cuDeviceGet(&dev, 0) || ps_driver.cuDevicePrimaryCtxRetain(&ctx, dev) ||
+      ps_driver.cuCtxSetCurrent(ctx))
+    return -1;
+  /* Three 1.5 MiB tensors land in three different 2 MiB chunks; big spans two chunks. */
+  if (psa_alloc(0, 1536 * 1024, PSA_SYNC_STREAM, &a) || psa_alloc(0, 1536 * 1024, PSA_SYNC_STREAM, &b) ||
+      psa_alloc(0, 1536 * 1024, PSA_SYNC_STREAM, &c) || psa_alloc(0, 3 * MiB, PSA_SYNC_STREAM, &big))
+    return -1;
+  return pst_observe_start(record, NULL) ? 0 : -1;
+}
+
+static const struct seen *find(const char *name)
+{
+  for (int i = 0; i < nseen; i++)
+    if (strcmp(seen[i].name, name) == 0)
+      return &seen[i];
+  fail_msg("no launch named %s was observed", name);
+  return NULL;
+}
+
+static void expect_ptrs(const char *name, const uint64_t *want, uint32_t n)
+{
+  const struct seen *s = find(name);
+  if (s->n != n)
+    fail_msg("%s: %u pointers seen, %u expected", name, s->n, n);
+  for (uint32_t i = 0; i < n; i++)
+    assert_int_equal(s->ptrs[i], want[i]);
+}
+
+static void test_pointer_positions(void **state)
+{
+  (void)state;
+  /* plain: (ptr, int, ptr) */
+  size_t plain_sizes[] = {8, 4, 8};
+  CUfunction plain = fakecuda_register_kernel("plain", nop, NULL, 3, plain_sizes);
+  int k = 5;
+  CUdeviceptr a_mid = a + 4096; /* a view into the middle of a tensor */
+  void *plain_args[] = {&c, &k, &a_mid};
+  assert_int_equal(cuLaunchKernel(plain, 1, 1, 1, 1, 1, 1, 0, 0, plain_args, NULL), CUDA_SUCCESS);
+
+  /* a struct by value: {int n; uint64 p; int m; uint64 q; uint64 host} */
+  struct by_value { int n; CUdeviceptr p; int m; CUdeviceptr q; uint64_t host; } sv = {1, b, 2, big + MiB, (uint64_t)(uintptr_t)&k};
+  size_t struct_sizes[] = {4, sizeof sv};
+  CUfunction in_struct = fakecuda_register_kernel("in_struct", nop, NULL, 2, struct_sizes);
+  void *struct_args[] = {&k, &sv};
+  assert_int_equal(cuLaunchKernel(in_struct, 1, 1, 1, 1, 1, 1, 0, 0, struct_args, NULL), CUDA_SUCCESS);
+
+  /* packed: a 12-byte {uint64 p; int x} at offset 4 puts the pointer at byte 4 */
+  unsigned char packed[12];
+  memcpy(packed, &a, 8);
+  memset(packed + 8, 0x7f, 4);
+  size_t odd_sizes[] = {4, 12}, odd_offsets[] = {0, 4};
+  CUfunction odd = fakecuda_register_kernel_layout("odd_offset", nop, NULL, 2, odd_sizes, odd_offsets);
+  void *odd_args[] = {&k, packed};
+  assert_int_equal(cuLaunchKernel(odd, 1, 1, 1, 1, 1, 1, 0, 0, odd_args, NULL), CUDA_SUCCESS);
+
+  /* the extra form: one buffer holding (ptr, ptr, ptr) with a duplicate */
+  uint64_t buf[3] = {c, a, c};
+  size_t buf_size = sizeof buf;
+  void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, buf, CU_LAUNCH_PARAM_BUFFER_SIZE, &buf_size, CU_LAUNCH_PARAM_END};
+  size_t three[] = {8, 8, 8};
+  CUfunction by_extra = fakecuda_register_kernel("by_extra", nop, NULL, 3, three);
+  assert_int_equal(cuLaunchKernel(by_extra, 1, 1, 1, 1, 1, 1, 0, 0, NULL, extra), CUDA_SUCCESS);
+
+  /* a copy into psshim's space from host memory */
+  static char host[4096];
+  assert_int_equal(cuMemcpyHtoDAsync(b, host, sizeof host, 0), CUDA_SUCCESS);
+  ps_driver.cuCtxSynchronize();
+
+  uint64_t want_plain[] = {a_mid < c ? a_mid : c, a_mid < c ? c : a_mid};
+  expect_ptrs("plain", want_plain, 2);
+  uint64_t want_struct[] = {b, big + MiB};
+  expect_ptrs("in_struct", want_struct, 2);
+  uint64_t want_odd[] = {a};
+  expect_ptrs("odd_offset", want_odd, 1);
+  uint64_t want_extra[] = {a < c ? a : c, a < c ? c : a};
+  expect_ptrs("by_extra", want_extra, 2);
+  const struct seen *copy = find("cuMemcpyHtoDAsync_v2");
+  assert_int_equal(copy->kind, PST_MOMENT_COPY);
+  assert_int_equal(copy->n, 1);
+  assert_int_equal(copy->ptrs[0], b);
+  assert_int_equal(exits, nseen); /* every enter has its exit */
+
+  /* the chunk sets those pointers name */
+  int ordinal;
+  assert_int_not_equal(psa_chunk_of(a, &ordinal), psa_chunk_of(b, &ordinal));
+  assert_int_equal(psa_chunk_of(a_mid, &ordinal), psa_chunk_of(a, &ordinal));
+  assert_int_equal(psa_chunk_of(big + MiB, &ordinal), psa_chunk_of(big, &ordinal));
+  assert_int_equal(psa_chunk_of(big + 2 * MiB + 4096, &ordinal), psa_chunk_of(big, &ordinal) + 1);
+}
+
+/* CUPTI allows one subscriber: while psshim holds it, another is refused. */
+static void test_second_subscriber_refused(void **state)
+{
+  (void)state;
+  CUpti_SubscriberHandle other;
+  assert_int_equal(cuptiSubscribe(&other, NULL, NULL), CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED);
+}
+
+int main(void)
+{
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_pointer_positions),
+      cmocka_unit_test(test_second_subscriber_refused),
+  };
+  return cmocka_run_group_tests_name("observe", tests, setup, NULL);
+}

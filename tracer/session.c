@@ -1,0 +1,112 @@
+/* The observation session of a process: started when psshim sets up its first device.
+ * Opens the trace (PSSHIM_TRACE), subscribes to launches (for the trace, and for the
+ * pager when PSSHIM_POLICY=auto), finds the training iteration's period in the launch
+ * sequence, and samples memory every PSSHIM_SAMPLE_MS. */
+#include "allocator/allocator.h"
+#include "policy/policy.h"
+#include "shim/shim.h"
+#include "tracer/tracer.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
+
+#define MAX_PERIOD 65536     /* launches per iteration that can be recognised */
+#define PERIOD_ASK_MAX 4096 /* launches between period queries (each costs up to ms) */
+
+static pthread_mutex_t period_lock = PTHREAD_MUTEX_INITIALIZER;
+static psp_period *detector;
+static uint64_t fed, next_ask, next_boundary, iteration;
+static uint32_t period;
+static pthread_t sampler;
+static _Atomic bool sampling;
+static CUcontext sampler_ctx;
+
+/* Iteration boundaries from the period detector: an ITERATION record as each passes. */
+static void track_iteration(const struct pst_launch *l)
+{
+  pthread_mutex_lock(&period_lock);
+  psp_period_feed(detector, l->signature);
+  fed++;
+  if (fed >= next_ask) {
+    /* Ask early and then more rarely: short programs get their period, long ones pay little. */
+    next_ask = fed + (fed < PERIOD_ASK_MAX ? (fed < 64 ? 64 : fed) : PERIOD_ASK_MAX);
+    uint32_t p;
+    uint64_t phase;
+    if (psp_period_get(detector, &p, &phase) && p != period) {
+      period = p;
+      next_boundary = phase + p;
+      while (next_boundary < fed)
+        next_boundary += p;
+    }
+  }
+  bool boundary = period && fed >= next_boundary;
+  if (boundary)
+    next_boundary += period;
+  uint64_t it = boundary ? ++iteration : iteration;
+  uint32_t per = period;
+  pthread_mutex_unlock(&period_lock);
+  if (boundary) {
+    struct pst_record r = {.type = PST_REC_ITERATION, .iteration = {.iteration = it, .period = per}};
+    pst_trace_emit(&r);
+  }
+}
+
+static void on_moment(const struct pst_launch *l, bool enter, void *user)
+{
+  (void)user;
+  if (enter && detector)
+    track_iteration(l);
+}
+
+static void *sample_main(void *arg)
+{
+  (void)arg;
+  if (sampler_ctx)
+    ps_driver.cuCtxSetCurrent(sampler_ctx);
+  struct timespec period_ts = {.tv_sec = ps_options.sample_ms / 1000,
+                               .tv_nsec = (long)(ps_options.sample_ms % 1000) * 1000000L};
+  while (atomic_load(&sampling)) {
+    struct psa_stats s;
+    psa_stats_get(&s);
+    size_t free_b = 0, total_b = 0;
+    ps_driver.cuMemGetInfo_v2(&free_b, &total_b); /* the real driver: psshim's door is not in the table */
+    uint64_t gpu = s.gpu_frames * s.chunk_size, used = total_b - free_b;
+    struct pst_record r = {.type = PST_REC_SAMPLE,
+                           .sample = {.gpu_chunk_bytes = gpu,
+                                      .host_chunk_bytes = s.host_frames * s.chunk_size,
+                                      .nonmodel_gpu_bytes = used > gpu ? used - gpu : 0,
+                                      .device_free_bytes = free_b}};
+    pst_trace_emit(&r);
+    nanosleep(&period_ts, NULL);
+  }
+  return NULL;
+}
+
+bool pst_session_start(const struct pst_trace_header *h)
+{
+  bool tracing = ps_options.trace_path && pst_trace_open(ps_options.trace_path, h);
+  if (!tracing && ps_options.policy != PS_POLICY_AUTO)
+    return true; /* nothing to observe for */
+  detector = psp_period_new(MAX_PERIOD, 3, 0.02);
+  bool observed = pst_observe_start(on_moment, NULL);
+  if (tracing) {
+    ps_driver.cuCtxGetCurrent(&sampler_ctx);
+    atomic_store(&sampling, true);
+    if (pthread_create(&sampler, NULL, sample_main, NULL))
+      atomic_store(&sampling, false);
+  }
+  return observed;
+}
+
+void pst_session_end(void)
+{
+  /* At exit the CUDA runtime may already be torn down: no CUPTI calls here. */
+  if (atomic_exchange(&sampling, false))
+    pthread_join(sampler, NULL);
+  pst_trace_close();
+  pthread_mutex_lock(&period_lock);
+  psp_period_free(detector);
+  detector = NULL;
+  pthread_mutex_unlock(&period_lock);
+}
