@@ -3,6 +3,7 @@
 # running `meson test` (cmocka unit tests, fake-driver integration tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+.ci/install-deps
 toolkit=${CUDA_HOME:-/usr/local/cuda}
 jobs=$(nproc)
 run() { # name, then meson setup options
