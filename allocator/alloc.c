@@ -158,78 +158,22 @@ void psa_mem_info(int ordinal, size_t *free_bytes, size_t *total_bytes)
   pthread_mutex_unlock(&d->lock);
 }
 
-/* Copies the live bytes of the chunk at window [lo, lo + chunk) of span s, between the
- * two frames' staging mappings. Returns the bytes copied, or -1 on a failed copy. */
-static int64_t copy_live(struct device *d, struct span *s, uint64_t lo, uint32_t from, uint32_t to)
-{
-  uint64_t hi = lo + d->chunk_size, at = lo, copied = 0;
-  for (uint32_t i = 0; i <= s->nranges && at < hi; i++) {
-    uint64_t free_lo = i < s->nranges ? s->ranges[i].off : hi;
-    uint64_t live_end = free_lo < hi ? free_lo : hi;
-    if (live_end > at) {
-      if (PS_CU(ps_driver.cuMemcpy(d->frames[to].staging + (at - lo), d->frames[from].staging + (at - lo), live_end - at)))
-        return -1;
-      copied += live_end - at;
-    }
-    if (i < s->nranges && s->ranges[i].off + s->ranges[i].len > at)
-      at = s->ranges[i].off + s->ranges[i].len;
-  }
-  return (int64_t)copied;
-}
-
 CUresult psa_chunk_migrate(int ordinal, uint64_t chunk, enum psa_where to)
 {
   if (ordinal < 0 || ordinal >= PSA_MAX_DEVICES || !psa_devices[ordinal].ready || (to != PSA_GPU && to != PSA_HOST))
     return CUDA_ERROR_INVALID_VALUE;
   struct device *d = &psa_devices[ordinal];
-  /* cuMemUnmap does not wait for kernels: the chunk must be quiescent before its remap. */
   if (PS_CU(ps_driver.cuCtxSynchronize()))
     return CUDA_ERROR_UNKNOWN;
   pthread_mutex_lock(&d->lock);
-  CUresult r = CUDA_SUCCESS;
-  struct chunk *c = chunk < d->nchunks ? &d->chunks[chunk] : NULL;
-  if (!c || c->frame == PSA_NO_FRAME) {
-    r = CUDA_ERROR_INVALID_VALUE;
-    goto out;
+  CUresult r = CUDA_ERROR_INVALID_VALUE;
+  if (chunk < d->nchunks && d->chunks[chunk].frame != PSA_NO_FRAME) {
+    if (d->chunks[chunk].mig)
+      psa_migration_settle(d, chunk, PSA_SETTLE_FINISH);
+    r = d->frames[d->chunks[chunk].frame].where == to ? CUDA_SUCCESS : psa_migration_start(d, chunk, to);
+    if (r == CUDA_SUCCESS && d->chunks[chunk].mig)
+      psa_migration_settle(d, chunk, PSA_SETTLE_FINISH);
   }
-  uint32_t from = c->frame;
-  if (d->frames[from].where == to)
-    goto out;
-  uint32_t fresh = psa_frame_take(d, to);
-  if (fresh == PSA_NO_FRAME || c->frame != from) { /* make() may drop the lock */
-    if (fresh != PSA_NO_FRAME)
-      psa_frame_give(d, fresh);
-    r = fresh == PSA_NO_FRAME ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_INVALID_VALUE;
-    goto out;
-  }
-  struct span *s = c->span;
-  int64_t copied = copy_live(d, s, (chunk - s->first_chunk) * d->chunk_size, from, fresh);
-  CUdeviceptr va = d->base + chunk * d->chunk_size;
-  if (copied < 0 || PS_CU(ps_driver.cuMemUnmap(va, d->chunk_size))) {
-    psa_frame_give(d, fresh);
-    r = CUDA_ERROR_UNKNOWN;
-    goto out;
-  }
-  r = psa_map(d, va, d->frames[fresh].handle);
-  if (r) {
-    /* The old frame still holds the data: put it back so nothing is lost. */
-    psa_frame_give(d, fresh);
-    if (psa_map(d, va, d->frames[from].handle))
-      ps_error("chunk %llu of device %d could not be remapped: its data is unreachable",
-               (unsigned long long)chunk, ordinal);
-    goto out;
-  }
-  c->frame = fresh;
-  psa_frame_give(d, from);
-  psa_span_relist(d, s);
-  if (to == PSA_GPU) {
-    d->stats.migrations_to_gpu++;
-    d->stats.bytes_h2d += (uint64_t)copied;
-  } else {
-    d->stats.migrations_to_host++;
-    d->stats.bytes_d2h += (uint64_t)copied;
-  }
-out:
   pthread_mutex_unlock(&d->lock);
   return r;
 }

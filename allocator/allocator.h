@@ -46,10 +46,16 @@ int64_t psa_chunk_of(CUdeviceptr p, int *ordinal);
 /* Where chunk `chunk` of device `ordinal` lives now. */
 enum psa_where psa_chunk_where(int ordinal, uint64_t chunk);
 
-/* Moves a chunk's data to a frame of the other kind and remaps its addresses there. The
- * caller guarantees no kernel touches the chunk meanwhile (this waits for the device
- * before unmapping). Only live ranges are copied. */
+/* Moves a chunk's data to a frame of the other kind and remaps its addresses there, now.
+ * Waits for the device first, so work psshim did not observe is finished too; the caller
+ * guarantees no new kernel touches the chunk meanwhile. Only live ranges are copied. */
 CUresult psa_chunk_migrate(int ordinal, uint64_t chunk, enum psa_where to);
+
+struct pst_launch;
+/* The pager's view of an observed launch or transfer (from the tracer's session): brackets
+ * the chunks it touches (enter/exit) so no migration races it, and with PSSHIM_POLICY=auto
+ * decides what to move. */
+void psa_on_moment(const struct pst_launch *l, bool enter);
 
 struct psa_stats {
   uint64_t allocs, frees, failed_allocs;
@@ -58,7 +64,7 @@ struct psa_stats {
   uint64_t gpu_frames_made, host_frames_made;
   uint64_t mapped_chunk_bytes;          /* chunks mapped now */
   uint64_t mapped_at_peak;              /* chunks mapped when live bytes peaked: the fill ratio */
-  uint64_t migrations_to_gpu, migrations_to_host, bytes_h2d, bytes_d2h;
+  uint64_t migrations_to_gpu, migrations_to_host, bytes_h2d, bytes_d2h, migrations_cancelled;
   uint64_t gpu_budget, host_budget, chunk_size;
 };
 /* Sums over devices. */

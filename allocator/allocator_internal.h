@@ -3,12 +3,16 @@
 #define PSSHIM_ALLOCATOR_INTERNAL_H
 
 #include "allocator/allocator.h"
+#include "policy/policy.h"
 #include "shim/shim.h"
+#include "tracer/tracer.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
 
 #define PSA_NO_FRAME UINT32_MAX
+#define PSA_STREAM_UNKNOWN 63   /* streams[] size; the bit for a stream that cannot be named */
+#define PSA_MAX_MIGRATIONS 64   /* in flight at once per device */
 
 /* Physical memory of one chunk's size, with a fixed second mapping (staging) through
  * which migration copies into it while the chunk's own addresses still point elsewhere. */
@@ -35,12 +39,26 @@ struct span {
   struct range *ranges; /* sorted by off, never adjacent-and-mergeable */
   uint32_t nranges, cap;
   enum psa_where where; /* GPU only when every chunk has a GPU frame */
+  bool building;        /* frames still being taken (the lock may drop): not listed yet */
   struct span *prev, *next; /* in its device's list for `where` */
+};
+
+/* A copy to another frame, not yet remapped (pager.c). */
+struct migration {
+  uint32_t frame;        /* the target frame */
+  enum psa_where to;
+  CUevent done;          /* recorded on the copy stream after the copy */
+  uint64_t touches_at_start, bytes, start_ns;
 };
 
 struct chunk {
   uint32_t frame; /* PSA_NO_FRAME when unmapped */
   struct span *span;
+  /* paging: see pager.c */
+  uint32_t in_flight;  /* observed launches between their enter and exit */
+  uint64_t streams;    /* bit i: device streams[i] touched it since it was last remapped */
+  uint64_t touches, last_use;
+  struct migration *mig;
 };
 
 struct alloc_entry {
@@ -77,6 +95,14 @@ struct device {
   uint32_t frames_in_making[3]; /* by where */
   bool pool_running;
   uint32_t pool_target;
+  /* paging */
+  CUstream streams[PSA_STREAM_UNKNOWN];
+  uint32_t nstreams;
+  CUstream copy_in, copy_out;
+  uint64_t migrating[PSA_MAX_MIGRATIONS];
+  uint32_t nmigrating;
+  psp_cand *cands; /* scratch for victim choice, one per chunk */
+  uint64_t *cand_chunks;
   struct psa_stats stats;
 };
 
@@ -113,6 +139,18 @@ void psa_span_relist(struct device *d, struct span *s);
 void psa_trace_chunk(struct device *d, uint64_t chunk, uint32_t event);
 CUevent psa_event_get(struct device *d);
 void psa_event_put(struct device *d, CUevent e);
+
+/* pager.c (called with d->lock held) */
+/* Starts copying a quiescent chunk to a frame of `to`; CUDA_ERROR_NOT_READY when it cannot
+ * start now (in flight, migrating, too many migrations), OUT_OF_MEMORY without a frame. */
+CUresult psa_migration_start(struct device *d, uint64_t chunk, enum psa_where to);
+/* Finishes (remaps) or cancels the chunk's migration. POLL: finish if the copy is done,
+ * else return false. FOR_TOUCH (a launch is about to touch it): wait for a page-in and
+ * finish it, cancel a page-out. FINISH: wait and finish either way. A migration whose
+ * chunk was touched since it started is always cancelled. */
+enum psa_settle { PSA_SETTLE_POLL, PSA_SETTLE_FOR_TOUCH, PSA_SETTLE_FINISH };
+bool psa_migration_settle(struct device *d, uint64_t chunk, enum psa_settle how);
+void psa_migrations_poll(struct device *d);
 
 /* alloc_map.c */
 bool psa_map_put(struct device *d, CUdeviceptr p, uint64_t size, struct span *s);

@@ -101,7 +101,9 @@ static bool setup(struct device *d, int ordinal)
   }
   d->chunks = calloc(d->nchunks, sizeof *d->chunks);
   d->frames = calloc(d->max_frames + 1, sizeof *d->frames);
-  if (!d->chunks || !d->frames) {
+  d->cands = calloc(d->nchunks, sizeof *d->cands);
+  d->cand_chunks = calloc(d->nchunks, sizeof *d->cand_chunks);
+  if (!d->chunks || !d->frames || !d->cands || !d->cand_chunks) {
     ps_error("out of host memory for chunk tables");
     return false;
   }
@@ -141,8 +143,10 @@ struct device *psa_device_get(int ordinal)
   if (!d->ready && !d->failed) {
     pthread_mutex_init(&d->lock, NULL);
     if (setup(d, ordinal)) {
-      __atomic_store_n(&d->ready, true, __ATOMIC_RELEASE);
+      /* Observation starts before any other thread may use the device: a launch that
+       * slipped past it would be invisible to the pager. */
       start_session(d);
+      __atomic_store_n(&d->ready, true, __ATOMIC_RELEASE);
     } else {
       d->failed = true;
     }

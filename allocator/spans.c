@@ -204,6 +204,9 @@ bool psa_span_idle(struct device *d, struct span *s)
 {
   if (s->live_allocs)
     return false;
+  for (uint64_t i = s->first_chunk; i < s->first_chunk + s->nchunks; i++)
+    if (d->chunks[i].mig || d->chunks[i].in_flight)
+      return false;
   for (uint32_t i = 0; i < s->nranges; i++)
     i = settle(d, s, i);
   return s->nranges == 1 && !s->ranges[0].pending;
@@ -289,6 +292,7 @@ struct span *psa_span_new(struct device *d, uint64_t nchunks)
   }
   s->first_chunk = first;
   s->nchunks = nchunks;
+  s->building = true;
   for (uint64_t i = 0; i < nchunks; i++)
     d->chunks[first + i].span = s;
   for (uint64_t i = 0; i < nchunks; i++) {
@@ -310,6 +314,7 @@ struct span *psa_span_new(struct device *d, uint64_t nchunks)
   s->ranges[0] = (struct range){.off = 0, .len = nchunks * d->chunk_size};
   s->nranges = 1;
   s->where = span_where(d, s);
+  s->building = false;
   list_insert(d, s);
   return s;
 }

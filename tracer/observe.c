@@ -255,9 +255,10 @@ static void on_launch(CUpti_CallbackId cbid, const CUpti_CallbackData *cb, struc
     func = p->f, params = p->kernelParams, stream = p->hStream;
     break;
   }
-  default: { /* graph launches: the graph's kernels are not visible here; seen as one moment */
+  default: { /* graph launches: the graph's kernels and what they touch are not visible */
     const cuGraphLaunch_params *p = cb->functionParams;
     stream = p->hStream;
+    l->opaque = true;
     break;
   }
   }

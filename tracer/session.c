@@ -57,6 +57,8 @@ static void on_moment(const struct pst_launch *l, bool enter, void *user)
   (void)user;
   if (enter && detector)
     track_iteration(l);
+  if (ps_options.policy == PS_POLICY_AUTO)
+    psa_on_moment(l, enter);
 }
 
 static void *sample_main(void *arg)

@@ -204,6 +204,7 @@ struct pst_launch {
   uint32_t nptrs;     /* values inside psshim's chunk space found in the parameters */
   const uint64_t *ptrs; /* sorted, unique; valid during the callback */
   bool failed;        /* exit only: the driver call returned an error */
+  bool opaque;        /* its memory accesses cannot be seen (a CUDA graph launch) */
 };
 /* Called on the launching thread before the driver enqueues the work (enter = true) and
  * after (enter = false), with the same pst_launch. */

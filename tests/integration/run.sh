@@ -34,6 +34,30 @@ assert spill == (budget != "96M"), f"host frames used: {spill}"
 PY
   done
   ;;
+train_auto)
+  # The pager (PSSHIM_POLICY=auto) moving chunks while the loop runs, with the fake driver
+  # slowing copies, events and kernels so migrations overlap launches.
+  native=$("$prog" 8 8 4) || fail "native run: $native"
+  echo "native:      $native"
+  for delays in "0 0 0" "300 200 50"; do
+    read -r copy_us event_us kernel_us <<<"$delays"
+    for budget in 48M 24M 8M; do
+      out=$(FAKECUDA_COPY_DELAY_US=$copy_us FAKECUDA_EVENT_DELAY_US=$event_us FAKECUDA_KERNEL_DELAY_US=$kernel_us \
+        under_psshim PSSHIM_POLICY=auto PSSHIM_CUPTI="$FAKE_CUPTI" PSSHIM_GPU_BUDGET=$budget PSSHIM_HOST_BUDGET=256M \
+        PSSHIM_STATS="$tmp/s.json" "$prog" 8 8 4) || fail "auto, budget $budget, delays $delays: $out"
+      echo "auto $budget (delays $delays): $out"
+      [ "${out%, psshim*}" = "${native%, psshim*}" ] || fail "auto, budget $budget: results differ from the native run"
+      python3 - "$tmp/s.json" <<'PY' || fail "auto, budget $budget: stats"
+import json, sys
+s = json.load(open(sys.argv[1]))
+print(f"  migrations: to GPU {s['migrations_to_gpu']} ({s['bytes_h2d']>>20} MiB), to host {s['migrations_to_host']} "
+      f"({s['bytes_d2h']>>20} MiB), cancelled {s['migrations_cancelled']}")
+assert s["migrations_to_gpu"] > 0 and s["migrations_to_host"] > 0, "the pager moved nothing"
+assert s["peak_gpu_bytes"] <= s["gpu_budget"], "GPU budget exceeded"
+PY
+    done
+  done
+  ;;
 doors)
   PSSHIM_GPU_BUDGET=64M PSSHIM_HOST_BUDGET=64M EXPECT_TOTAL_BYTES=$((128 << 20)) under_psshim "$prog" \
     || fail "doors"

@@ -175,12 +175,14 @@ struct program {
   const char *gpu_budget;
   int threads, ops;
   uint64_t max_live_per_thread;
-  bool migrate, expect_host;
+  bool migrate, expect_host, pager; /* pager: PSSHIM_POLICY=auto moves chunks meanwhile */
 };
 
 static void run_program(void *arg)
 {
   const struct program *pg = arg;
+  if (pg->pager)
+    setenv("PSSHIM_POLICY", "auto", 1); /* the test's environment names the fake CUPTI */
   start(pg->gpu_budget, "512M");
   CUcontext ctx;
   ps_driver.cuCtxGetCurrent(&ctx);
@@ -205,6 +207,8 @@ static void run_program(void *arg)
     exit(11);
   if (pg->expect_host && s.peak_host_frames == 0)
     exit(12);
+  if (pg->pager && (s.migrations_to_gpu == 0 || s.migrations_to_host == 0))
+    exit(14);
   if (s.peak_gpu_frames * CHUNK > s.gpu_budget)
     exit(13);
 }
@@ -240,6 +244,27 @@ static void test_random_programs_slow_kernels(void **state)
   int status = in_child(run_program, &pg);
   unsetenv("FAKECUDA_KERNEL_DELAY_US");
   assert_int_equal(status, 0);
+}
+
+/* The pager moving chunks under observed launches on several threads and streams, with
+ * slow copies, events and kernels: every byte survives. */
+static void test_random_programs_with_pager(void **state)
+{
+  (void)state;
+  const char *delays[][3] = {{"0", "0", "0"}, {"200", "0", "0"}, {"0", "100", "0"}, {"0", "0", "30"}, {"200", "100", "30"}};
+  for (int i = 0; i < 5; i++) {
+    setenv("FAKECUDA_COPY_DELAY_US", delays[i][0], 1);
+    setenv("FAKECUDA_EVENT_DELAY_US", delays[i][1], 1);
+    setenv("FAKECUDA_KERNEL_DELAY_US", delays[i][2], 1);
+    struct program pg = {.gpu_budget = "12M", .threads = 3, .ops = 600, .max_live_per_thread = 10 * MiB,
+                         .expect_host = true, .pager = true};
+    int status = in_child(run_program, &pg);
+    unsetenv("FAKECUDA_COPY_DELAY_US");
+    unsetenv("FAKECUDA_EVENT_DELAY_US");
+    unsetenv("FAKECUDA_KERNEL_DELAY_US");
+    if (status)
+      fail_msg("copy/event/kernel delays %s/%s/%s us: exit %d", delays[i][0], delays[i][1], delays[i][2], status);
+  }
 }
 
 /* ---- stream-ordered reuse, exactly ---- */
@@ -331,8 +356,11 @@ static void migrate_roundtrip(void *arg)
   launch(fill_kernel, c, 256 * 1024, 9, 0);
   psa_free(b, 0, true); /* a hole that must not be copied */
   uint64_t chunk = (uint64_t)psa_chunk_of(a, NULL);
-  if (psa_chunk_migrate(0, chunk, PSA_HOST) || psa_chunk_where(0, chunk) != PSA_HOST)
+  CUresult r = psa_chunk_migrate(0, chunk, PSA_HOST);
+  if (r || psa_chunk_where(0, chunk) != PSA_HOST) {
+    fprintf(stderr, "migrate to host: %d, now on %d\n", (int)r, (int)psa_chunk_where(0, chunk));
     exit(41);
+  }
   launch(check_kernel, a, 256 * 1024, 7, 0);
   launch(check_kernel, c, 256 * 1024, 9, 0);
   if (psa_chunk_migrate(0, chunk, PSA_GPU) || psa_chunk_where(0, chunk) != PSA_GPU)
@@ -379,6 +407,9 @@ int main(void)
       cmocka_unit_test(test_random_programs_at_budgets),
       cmocka_unit_test(test_random_programs_with_migration),
       cmocka_unit_test(test_random_programs_slow_kernels),
+      cmocka_unit_test(test_random_programs_with_pager),
   };
+  if (getenv("TEST_FILTER")) /* e.g. TEST_FILTER=*pager* to run one test under a debugger */
+    cmocka_set_test_filter(getenv("TEST_FILTER"));
   return cmocka_run_group_tests_name("allocator", tests, NULL, NULL);
 }
