@@ -52,7 +52,7 @@ static const struct door doors[] = {
 };
 #define NDOORS (sizeof doors / sizeof doors[0])
 
-static const struct door *door_named(const char *name)
+PS_NO_SANITIZE static const struct door *door_named(const char *name)
 {
   /* Cheap reject first: every served name starts with "cu". */
   if (name[0] != 'c' || name[1] != 'u')
@@ -107,13 +107,25 @@ static void *next_after(const void *caller, const char *name)
   return NULL;
 }
 
-PS_DEFAULT_VISIBILITY void *dlsym(void *handle, const char *name)
+/* glibc's dlsym finds RTLD_NEXT relative to its caller's return address. A name psshim
+ * does not serve goes to glibc as a tail call, so that address is still our caller's and
+ * the lookup is exactly glibc's (sanitizer runtimes and other interposers resolve their
+ * RTLD_NEXT symbols this way before any constructor has run). */
+#if defined(__clang__)
+#define PS_TAIL __attribute__((musttail))
+#define PS_SIBCALLS
+#else
+#define PS_TAIL
+#define PS_SIBCALLS __attribute__((optimize("O2", "optimize-sibling-calls")))
+#endif
+
+PS_DEFAULT_VISIBILITY PS_SIBCALLS PS_NO_SANITIZE void *dlsym(void *handle, const char *name)
 {
-  void *real = handle == RTLD_NEXT ? next_after(__builtin_return_address(0), name) : ps_real_dlsym(handle, name);
-  if (!real)
-    return real;
   const struct door *d = door_named(name);
-  if (!d || real == d->door)
+  if (!d)
+    PS_TAIL return ps_glibc_dlsym()(handle, name);
+  void *real = handle == RTLD_NEXT ? next_after(__builtin_return_address(0), name) : ps_real_dlsym(handle, name);
+  if (!real || real == d->door)
     return real;
   /* Route to psshim's door; the door itself passes what it does not serve to the real
    * function it finds on its own (the driver table or cudart). */

@@ -13,7 +13,7 @@ struct ps_driver ps_driver;
 
 static void *(*glibc_dlsym)(void *, const char *);
 
-static void find_glibc_dlsym(void)
+PS_NO_SANITIZE static void find_glibc_dlsym(void)
 {
   /* dlsym moved into libc at 2.34; older ones have the 2.2.5 version. */
   glibc_dlsym = (void *(*)(void *, const char *))dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
@@ -21,12 +21,21 @@ static void find_glibc_dlsym(void)
     glibc_dlsym = (void *(*)(void *, const char *))dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
 }
 
-void *ps_real_dlsym(void *handle, const char *name)
+PS_NO_SANITIZE static void *no_dlsym(void *handle, const char *name)
+{
+  (void)handle;
+  (void)name;
+  return NULL;
+}
+
+PS_NO_SANITIZE void *(*ps_glibc_dlsym(void))(void *, const char *)
 {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pthread_once(&once, find_glibc_dlsym);
-  return glibc_dlsym ? glibc_dlsym(handle, name) : NULL;
+  return glibc_dlsym ? glibc_dlsym : no_dlsym;
 }
+
+void *ps_real_dlsym(void *handle, const char *name) { return ps_glibc_dlsym()(handle, name); }
 
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 static bool loaded;

@@ -75,8 +75,14 @@ extern struct ps_driver ps_driver;
 /* Loads libcuda.so.1 (PSSHIM_LIBCUDA overrides the path) and fills ps_driver once.
  * Returns false, after one log line naming what is missing, if it cannot. */
 bool ps_driver_load(void);
+/* Code that may run before a sanitizer runtime has initialised (it calls dlsym from its
+ * own start-up): no instrumentation, so a sanitized build of psshim can be preloaded. */
+#define PS_NO_SANITIZE __attribute__((no_sanitize("address", "undefined")))
+
 /* glibc's own dlsym: psshim overrides the exported dlsym, so its own lookups use this. */
 void *ps_real_dlsym(void *handle, const char *name);
+/* glibc's dlsym itself (a stand-in that finds nothing if it cannot be found). */
+void *(*ps_glibc_dlsym(void))(void *, const char *);
 /* An entry point of the loaded driver that psshim does not require (NULL if absent). */
 void *ps_driver_symbol(const char *name);
 /* "CUDA_ERROR_OUT_OF_MEMORY"-style name for logs, never NULL. */
