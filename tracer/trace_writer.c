@@ -84,7 +84,7 @@ static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;  /* open/close */
 static pthread_mutex_t flush_lock = PTHREAD_MUTEX_INITIALIZER; /* the file and the block */
 static pthread_mutex_t dict_lock = PTHREAD_MUTEX_INITIALIZER;  /* strings, stacks, meta */
 static pthread_mutex_t wake_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t wake; /* on CLOCK_MONOTONIC: init_wake, before the first open */
 static bool stopping;
 static pthread_t flusher;
 static int fd = -1;
@@ -290,6 +290,17 @@ void pst_trace_flush(void) {
   pthread_mutex_unlock(&flush_lock);
 }
 
+/* The flush thread waits on wake with a CLOCK_MONOTONIC deadline, so wake must measure
+ * time by that clock: a default condition variable reads the deadline as CLOCK_REALTIME,
+ * where it is decades past, and the flush thread would never sleep. */
+static void init_wake(void) {
+  pthread_condattr_t attr;
+  pthread_condattr_init(&attr);
+  pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+  pthread_cond_init(&wake, &attr);
+  pthread_condattr_destroy(&attr);
+}
+
 static void *flush_main(void *arg) {
   (void)arg;
   pthread_setname_np(pthread_self(), "psshim-trace"); /* so ps -T and debuggers say whose */
@@ -466,12 +477,13 @@ static void atfork_child(void) {
   pthread_mutex_init(&flush_lock, NULL);
   pthread_mutex_init(&dict_lock, NULL);
   pthread_mutex_init(&wake_lock, NULL);
-  pthread_cond_init(&wake, NULL);
+  init_wake();
   stopping = false;
   release_all();
 }
 
 static void init_once(void) {
+  init_wake();
   pthread_key_create(&exit_key, thread_exit);
   pthread_atfork(NULL, NULL, atfork_child);
 }

@@ -7,10 +7,13 @@
 #include <cmocka.h>
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "test_trace_util.h"
@@ -25,6 +28,38 @@ static void open_trace(const char *path) {
   assert_true(pst_trace_open(path, &test_header));
 }
 
+/* What a test leaves behind, undone by its teardown (cleanup) even when an assertion ends
+ * the test midway: the open trace, the trace read back, the files. */
+static struct trace_read readback;
+static const char *files[2];
+
+/* A fresh trace path, removed after the test. */
+static const char *trace_file(const char *name) {
+  const char *path = test_trace_path(name);
+  for (size_t i = 0; i < sizeof files / sizeof *files; i++)
+    if (!files[i]) return files[i] = path;
+  fail_msg("more trace files than the fixture holds");
+  return NULL;
+}
+
+/* Reads path back into readback, replacing what it held. */
+static struct trace_read *read_back(const char *path) {
+  test_trace_read_free(&readback);
+  assert_true(test_trace_read(path, &readback));
+  return &readback;
+}
+
+static int cleanup(void **state) {
+  (void)state;
+  pst_trace_close();
+  test_trace_read_free(&readback);
+  for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+    if (files[i]) unlink(files[i]);
+    files[i] = NULL;
+  }
+  return 0;
+}
+
 static const struct pst_record *find(const struct trace_read *t, unsigned type, size_t nth) {
   for (size_t i = 0; i < t->n; i++)
     if (t->recs[i].type == type && nth-- == 0) return &t->recs[i];
@@ -34,7 +69,7 @@ static const struct pst_record *find(const struct trace_read *t, unsigned type, 
 
 static void test_every_kind(void **state) {
   (void)state;
-  const char *path = test_trace_path("kinds");
+  const char *path = trace_file("kinds");
   open_trace(path);
   const uint32_t kname = pst_trace_intern("sgemm_kernel<float>");
   assert_int_not_equal(kname, 0);
@@ -63,27 +98,26 @@ static void test_every_kind(void **state) {
   pst_trace_close();
   assert_false(pst_trace_enabled());
 
-  struct trace_read t;
-  assert_true(test_trace_read(path, &t));
-  if (t.error[0]) fail_msg("%s", t.error);
-  assert_true(t.stats.clean_end);
-  assert_int_equal(t.header.version, PST_TRACE_VERSION);
-  assert_int_equal(t.header.pid, getpid());
-  assert_int_equal(t.header.chunk_size, test_header.chunk_size);
-  assert_int_equal(t.header.gpu_budget, test_header.gpu_budget);
-  assert_int_equal(t.header.host_budget, test_header.host_budget);
-  assert_string_equal(t.header.device, test_header.device);
-  assert_int_equal(t.header.space_base, test_header.space_base);
-  assert_int_equal(t.header.space_size, test_header.space_size);
-  assert_true(t.header.start_ns > 0 && t.header.wall_ns > t.header.start_ns);
-  assert_int_equal(test_trace_count(&t, PST_REC_STRING), 1);
-  assert_string_equal(test_trace_string(&t, kname), "sgemm_kernel<float>");
-  assert_int_equal(test_trace_count(&t, PST_REC_END), 1);
-  assert_int_equal(t.recs[t.n - 1].type, PST_REC_END);
+  struct trace_read *t = read_back(path);
+  if (t->error[0]) fail_msg("%s", t->error);
+  assert_true(t->stats.clean_end);
+  assert_int_equal(t->header.version, PST_TRACE_VERSION);
+  assert_int_equal(t->header.pid, getpid());
+  assert_int_equal(t->header.chunk_size, test_header.chunk_size);
+  assert_int_equal(t->header.gpu_budget, test_header.gpu_budget);
+  assert_int_equal(t->header.host_budget, test_header.host_budget);
+  assert_string_equal(t->header.device, test_header.device);
+  assert_int_equal(t->header.space_base, test_header.space_base);
+  assert_int_equal(t->header.space_size, test_header.space_size);
+  assert_true(t->header.start_ns > 0 && t->header.wall_ns > t->header.start_ns);
+  assert_int_equal(test_trace_count(t, PST_REC_STRING), 1);
+  assert_string_equal(test_trace_string(t, kname), "sgemm_kernel<float>");
+  assert_int_equal(test_trace_count(t, PST_REC_END), 1);
+  assert_int_equal(t->recs[t->n - 1].type, PST_REC_END);
 
   for (size_t i = 0; i < sizeof in / sizeof *in; i++) {
-    const struct pst_record *got = find(&t, in[i].type, 0), *want = &in[i];
-    assert_int_equal(test_trace_count(&t, want->type), 1);
+    const struct pst_record *got = find(t, in[i].type, 0), *want = &in[i];
+    assert_int_equal(test_trace_count(t, want->type), 1);
     assert_int_equal(got->ts_ns, want->ts_ns);
     assert_int_equal(got->tid, gettid());
     switch (want->type) {
@@ -141,28 +175,23 @@ static void test_every_kind(void **state) {
       break;
     }
   }
-  test_trace_read_free(&t);
-  unlink(path);
 }
 
 static void test_launch_pointer_cap(void **state) {
   (void)state;
-  const char *path = test_trace_path("cap");
+  const char *path = trace_file("cap");
   static uint64_t many[PST_LAUNCH_MAX_PTRS + 100];
   for (size_t i = 0; i < sizeof many / sizeof *many; i++) many[i] = 1000 - i % 700;
   open_trace(path);
   pst_trace_emit(&(struct pst_record){
       .type = PST_REC_LAUNCH, .launch = { 1, 1, 0, sizeof many / sizeof *many, many } });
   pst_trace_close();
-  struct trace_read t;
-  assert_true(test_trace_read(path, &t));
-  const struct pst_record *l = find(&t, PST_REC_LAUNCH, 0);
+  struct trace_read *t = read_back(path);
+  const struct pst_record *l = find(t, PST_REC_LAUNCH, 0);
   assert_true(l->flags & PST_RF_TRUNCATED);
   assert_true(l->launch.n <= PST_LAUNCH_MAX_PTRS && l->launch.n > 0);
   for (uint32_t i = 1; i < l->launch.n; i++) assert_true(l->launch.ptrs[i - 1] < l->launch.ptrs[i]);
-  assert_true(l->ts_ns >= t.header.start_ns); /* 0 given: the writer's clock */
-  test_trace_read_free(&t);
-  unlink(path);
+  assert_true(l->ts_ns >= t->header.start_ns); /* 0 given: the writer's clock */
 }
 
 /* Two allocation sites; visible to dladdr (the test links with -rdynamic). */
@@ -177,35 +206,58 @@ __attribute__((visibility("default"), noinline)) uint32_t psshim_test_site_b(voi
   return id;
 }
 
+/* Runs psshim_test_site_a on a thread of its own. Every such thread has the same stack, frame
+ * for frame: this function's one call site, under the same thread-start frames. Calls from
+ * a loop in the test function would not do: the compiler may peel or unroll the loop, and
+ * clang with UBSan does (the bounds check of a[3] splits off three iterations with three
+ * call sites), which makes three stacks that rightly get three ids. */
+__attribute__((visibility("default"), noinline)) void *psshim_test_site_a_thread(void *id) {
+  *(uint32_t *)id = psshim_test_site_a();
+  return NULL;
+}
+
+static const struct pst_record *stack_record(const struct trace_read *t, uint32_t id) {
+  for (size_t i = 0; i < t->n; i++)
+    if (t->recs[i].type == PST_REC_STACK && t->recs[i].stack.id == id) return &t->recs[i];
+  fail_msg("no STACK record %u", id);
+  return NULL;
+}
+
 static void test_stacks_deduped_and_symbolized(void **state) {
   (void)state;
-  const char *path = test_trace_path("stacks");
+  const char *path = trace_file("stacks");
   open_trace(path);
   uint32_t a[3], b = psshim_test_site_b();
-  volatile int three = 3; /* a loop the compiler cannot unroll into three call sites */
-  for (int i = 0; i < three; i++) a[i] = psshim_test_site_a();
+  for (int i = 0; i < 3; i++) {
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, psshim_test_site_a_thread, &a[i]), 0);
+    assert_int_equal(pthread_join(th, NULL), 0);
+  }
   assert_int_not_equal(a[0], 0);
-  assert_int_equal(a[0], a[1]);
+  assert_int_not_equal(b, 0);
+  assert_int_equal(a[0], a[1]); /* the same stack: the same id */
   assert_int_equal(a[0], a[2]);
-  assert_int_not_equal(a[0], b);
+  assert_int_not_equal(a[0], b); /* another stack: another id */
   pst_trace_emit(&(struct pst_record){ .type = PST_REC_ALLOC, .alloc = { 1, 2, 0, a[0], 0, 0 } });
   pst_trace_close();
 
-  struct trace_read t;
-  assert_true(test_trace_read(path, &t));
-  assert_int_equal(test_trace_count(&t, PST_REC_STACK), 2);
-  size_t stack_at = 0, alloc_at = 0;
-  for (size_t i = 0; i < t.n; i++) {
-    if (t.recs[i].type == PST_REC_STACK && t.recs[i].stack.id == a[0]) stack_at = i;
-    if (t.recs[i].type == PST_REC_ALLOC) alloc_at = i;
-  }
-  assert_true(stack_at < alloc_at); /* definitions come before their use */
-  const struct pst_record *s = &t.recs[stack_at];
-  assert_true(s->stack.depth >= 2);
-  assert_string_equal(test_trace_string(&t, s->stack.frames[0].symbol), "psshim_test_site_a");
-  assert_true(s->stack.frames[0].offset > 0);
-  test_trace_read_free(&t);
-  unlink(path);
+  struct trace_read *t = read_back(path);
+  assert_int_equal(test_trace_count(t, PST_REC_STACK), 2);
+  const struct pst_record *sa = stack_record(t, a[0]), *sb = stack_record(t, b);
+  assert_true(sa < find(t, PST_REC_ALLOC, 0)); /* definitions come before their use */
+  /* Two ids, two different stacks: a dedupe that merged or split wrongly shows here. */
+  assert_true(sa->stack.depth >= 2 && sb->stack.depth >= 2);
+  bool same = sa->stack.depth == sb->stack.depth;
+  for (uint32_t i = 0; same && i < sa->stack.depth; i++)
+    same = sa->stack.frames[i].pc == sb->stack.frames[i].pc;
+  assert_false(same);
+  /* Symbols: each site, then psshim_test_site_a's caller, found by dladdr. */
+  assert_string_equal(test_trace_string(t, sa->stack.frames[0].symbol), "psshim_test_site_a");
+  assert_true(sa->stack.frames[0].offset > 0);
+  assert_string_equal(test_trace_string(t, sa->stack.frames[1].symbol), "psshim_test_site_a_thread");
+  assert_true(sa->stack.frames[1].offset > 0);
+  assert_string_equal(test_trace_string(t, sb->stack.frames[0].symbol), "psshim_test_site_b");
+  assert_true(sb->stack.frames[0].offset > 0);
 }
 
 enum { THREADS = 8, PER_THREAD = 5000 };
@@ -222,23 +274,22 @@ static void *writer_thread(void *arg) {
 
 static void test_threads(void **state) {
   (void)state;
-  const char *path = test_trace_path("threads");
+  const char *path = trace_file("threads");
   pthread_t th[THREADS];
   open_trace(path);
   for (uintptr_t k = 0; k < THREADS; k++) pthread_create(&th[k], NULL, writer_thread, (void *)k);
   for (int k = 0; k < THREADS; k++) pthread_join(th[k], NULL);
   pst_trace_close();
 
-  struct trace_read t;
-  assert_true(test_trace_read(path, &t));
-  assert_true(t.stats.clean_end);
-  if (t.error[0]) fail_msg("%s", t.error);
-  assert_int_equal(test_trace_count(&t, PST_REC_STRING), 1);
-  assert_int_equal(test_trace_count(&t, PST_REC_NOTE), 0); /* nothing dropped */
+  struct trace_read *t = read_back(path);
+  assert_true(t->stats.clean_end);
+  if (t->error[0]) fail_msg("%s", t->error);
+  assert_int_equal(test_trace_count(t, PST_REC_STRING), 1);
+  assert_int_equal(test_trace_count(t, PST_REC_NOTE), 0); /* nothing dropped */
   uint64_t next[THREADS] = { 0 };
   uint32_t tid[THREADS] = { 0 };
-  for (size_t i = 0; i < t.n; i++) {
-    const struct pst_record *r = &t.recs[i];
+  for (size_t i = 0; i < t->n; i++) {
+    const struct pst_record *r = &t->recs[i];
     if (r->type != PST_REC_LAUNCH) continue;
     const uint64_t k = r->launch.stream;
     assert_true(k < THREADS);
@@ -250,30 +301,58 @@ static void test_threads(void **state) {
     next[k]++;
   }
   for (int k = 0; k < THREADS; k++) assert_int_equal(next[k], PER_THREAD);
-  test_trace_read_free(&t);
-  unlink(path);
 }
 
 static void test_drops_are_counted(void **state) {
   (void)state;
   enum { FLOOD = 200000 };
-  const char *path = test_trace_path("drops");
+  const char *path = trace_file("drops");
   open_trace(path);
   for (uint64_t i = 0; i < FLOOD; i++)
     pst_trace_emit(&(struct pst_record){ .type = PST_REC_SAMPLE, .sample = { i, 0, 0, 0 } });
   pst_trace_close();
-  struct trace_read t;
-  assert_true(test_trace_read(path, &t));
-  const size_t kept = test_trace_count(&t, PST_REC_SAMPLE);
-  const struct pst_record *note = find(&t, PST_REC_NOTE, 0);
+  struct trace_read *t = read_back(path);
+  const size_t kept = test_trace_count(t, PST_REC_SAMPLE);
+  const struct pst_record *note = find(t, PST_REC_NOTE, 0);
   char text[256];
   snprintf(text, sizeof text, "%.*s", (int)note->note.len, note->note.text);
   unsigned long long dropped = 0;
   assert_int_equal(sscanf(text, "dropped %llu records", &dropped), 1);
   assert_true(dropped > 0);
   assert_int_equal(kept + dropped, FLOOD);
-  test_trace_read_free(&t);
-  unlink(path);
+}
+
+static double cpu_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static off_t file_size(const char *path) {
+  struct stat st;
+  assert_int_equal(stat(path, &st), 0);
+  return st.st_size;
+}
+
+/* The flush thread wakes every ~100 ms and sleeps in between: an idle trace costs next to no
+ * CPU (a spinning flusher costs a core, and keeps up with floods it should drop), yet what
+ * is emitted reaches the file without an explicit flush. */
+static void test_flusher_sleeps_between_flushes(void **state) {
+  (void)state;
+  const char *path = trace_file("idle");
+  open_trace(path);
+  const off_t header_only = file_size(path);
+  const double before = cpu_ms();
+  nanosleep(&(struct timespec){ .tv_nsec = 500 * 1000000L }, NULL);
+  const double idle = cpu_ms() - before;
+  if (idle >= 100) fail_msg("%.0f ms of CPU in 500 ms with nothing to write", idle);
+  pst_trace_emit(&(struct pst_record){ .type = PST_REC_SYNC, .sync = { 0, 1 } });
+  for (int ms = 0; ms < 5000 && file_size(path) == header_only; ms += 10)
+    nanosleep(&(struct timespec){ .tv_nsec = 10 * 1000000L }, NULL);
+  assert_true(file_size(path) > header_only);
+  pst_trace_close();
+  struct trace_read *t = read_back(path);
+  assert_int_equal(test_trace_count(t, PST_REC_SYNC), 1);
 }
 
 static void *one_record(void *arg) {
@@ -285,7 +364,7 @@ static void *one_record(void *arg) {
 static void test_ring_reuse(void **state) {
   (void)state;
   enum { N = 700 };
-  const char *path = test_trace_path("reuse");
+  const char *path = trace_file("reuse");
   open_trace(path);
   for (uintptr_t i = 0; i < N; i++) {
     pthread_t th;
@@ -294,17 +373,14 @@ static void test_ring_reuse(void **state) {
     if (i % 50 == 49) pst_trace_flush();
   }
   pst_trace_close();
-  struct trace_read t;
-  assert_true(test_trace_read(path, &t));
-  assert_int_equal(test_trace_count(&t, PST_REC_SYNC), N);
-  assert_int_equal(test_trace_count(&t, PST_REC_NOTE), 0);
-  test_trace_read_free(&t);
-  unlink(path);
+  struct trace_read *t = read_back(path);
+  assert_int_equal(test_trace_count(t, PST_REC_SYNC), N);
+  assert_int_equal(test_trace_count(t, PST_REC_NOTE), 0);
 }
 
 static void test_fork_child_stops(void **state) {
   (void)state;
-  const char *path = test_trace_path("parent"), *child_path = test_trace_path("child");
+  const char *path = trace_file("parent"), *child_path = trace_file("child");
   open_trace(path);
   pst_trace_emit(&(struct pst_record){ .type = PST_REC_SYNC, .sync = { 0, 1 } });
   pid_t pid = fork();
@@ -322,20 +398,15 @@ static void test_fork_child_stops(void **state) {
   pst_trace_emit(&(struct pst_record){ .type = PST_REC_SYNC, .sync = { 0, 4 } });
   pst_trace_close();
 
-  struct trace_read t;
-  assert_true(test_trace_read(path, &t));
-  assert_int_equal(test_trace_count(&t, PST_REC_SYNC), 2);
-  assert_int_equal(find(&t, PST_REC_SYNC, 0)->sync.stream, 1);
-  assert_int_equal(find(&t, PST_REC_SYNC, 1)->sync.stream, 4);
-  assert_int_equal(t.header.pid, getpid());
-  test_trace_read_free(&t);
-  assert_true(test_trace_read(child_path, &t));
-  assert_int_equal(test_trace_count(&t, PST_REC_SYNC), 1);
-  assert_int_equal(find(&t, PST_REC_SYNC, 0)->sync.stream, 3);
-  assert_int_equal(t.header.pid, pid);
-  test_trace_read_free(&t);
-  unlink(path);
-  unlink(child_path);
+  struct trace_read *t = read_back(path);
+  assert_int_equal(test_trace_count(t, PST_REC_SYNC), 2);
+  assert_int_equal(find(t, PST_REC_SYNC, 0)->sync.stream, 1);
+  assert_int_equal(find(t, PST_REC_SYNC, 1)->sync.stream, 4);
+  assert_int_equal(t->header.pid, getpid());
+  t = read_back(child_path);
+  assert_int_equal(test_trace_count(t, PST_REC_SYNC), 1);
+  assert_int_equal(find(t, PST_REC_SYNC, 0)->sync.stream, 3);
+  assert_int_equal(t->header.pid, pid);
 }
 
 static void test_off_and_bad_path(void **state) {
@@ -351,23 +422,17 @@ static void test_off_and_bad_path(void **state) {
   assert_false(pst_trace_enabled());
 }
 
-/* A failed assertion leaves the trace open: close it for the next test. */
-static int close_trace(void **state) {
-  (void)state;
-  pst_trace_close();
-  return 0;
-}
-
 int main(void) {
   const struct CMUnitTest tests[] = {
-    cmocka_unit_test_teardown(test_every_kind, close_trace),
-    cmocka_unit_test_teardown(test_launch_pointer_cap, close_trace),
-    cmocka_unit_test_teardown(test_stacks_deduped_and_symbolized, close_trace),
-    cmocka_unit_test_teardown(test_threads, close_trace),
-    cmocka_unit_test_teardown(test_drops_are_counted, close_trace),
-    cmocka_unit_test_teardown(test_ring_reuse, close_trace),
-    cmocka_unit_test_teardown(test_fork_child_stops, close_trace),
-    cmocka_unit_test_teardown(test_off_and_bad_path, close_trace),
+    cmocka_unit_test_teardown(test_every_kind, cleanup),
+    cmocka_unit_test_teardown(test_launch_pointer_cap, cleanup),
+    cmocka_unit_test_teardown(test_stacks_deduped_and_symbolized, cleanup),
+    cmocka_unit_test_teardown(test_threads, cleanup),
+    cmocka_unit_test_teardown(test_drops_are_counted, cleanup),
+    cmocka_unit_test_teardown(test_flusher_sleeps_between_flushes, cleanup),
+    cmocka_unit_test_teardown(test_ring_reuse, cleanup),
+    cmocka_unit_test_teardown(test_fork_child_stops, cleanup),
+    cmocka_unit_test_teardown(test_off_and_bad_path, cleanup),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
