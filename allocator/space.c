@@ -9,6 +9,9 @@
 
 struct device psa_devices[PSA_MAX_DEVICES];
 _Atomic uint64_t psa_space_lo[PSA_MAX_DEVICES], psa_space_hi[PSA_MAX_DEVICES];
+/* The hull of every device's space: one comparison rejects almost every foreign value
+ * (the tracer asks this of every word of every launch's parameters). */
+static _Atomic uint64_t hull_lo = UINT64_MAX, hull_hi;
 bool psa_forked_child;
 static pthread_mutex_t setup_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -113,6 +116,10 @@ static bool setup(struct device *d, int ordinal)
     return false;
   atomic_store(&psa_space_lo[ordinal], d->base);
   atomic_store(&psa_space_hi[ordinal], d->base + bytes);
+  for (uint64_t lo = atomic_load(&hull_lo); d->base < lo && !atomic_compare_exchange_weak(&hull_lo, &lo, d->base);)
+    ;
+  for (uint64_t hi = atomic_load(&hull_hi); d->base + bytes > hi && !atomic_compare_exchange_weak(&hull_hi, &hi, d->base + bytes);)
+    ;
   return true;
 }
 
@@ -157,6 +164,8 @@ struct device *psa_device_get(int ordinal)
 
 bool psa_owns(CUdeviceptr p)
 {
+  if (p < atomic_load_explicit(&hull_lo, memory_order_relaxed) || p >= atomic_load_explicit(&hull_hi, memory_order_relaxed))
+    return false;
   for (int i = 0; i < PSA_MAX_DEVICES; i++) {
     uint64_t hi = atomic_load_explicit(&psa_space_hi[i], memory_order_relaxed);
     if (!hi)

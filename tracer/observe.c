@@ -39,9 +39,11 @@ struct param_layout {
   struct param_layout *next;
 };
 
+/* Read on every launch without a lock: a layout is complete before it is published at
+ * its bucket's head, and never changes or goes away. Two threads may publish the same
+ * function twice; the lookup takes either. */
 #define LAYOUT_BUCKETS 4096
-static struct param_layout *layouts[LAYOUT_BUCKETS];
-static pthread_mutex_t layouts_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic(struct param_layout *) layouts[LAYOUT_BUCKETS];
 static CUresult (*kernel_get_param_info)(CUkernel, size_t, size_t *, size_t *);
 
 /* cudart launches library kernels by CUkernel handle cast to CUfunction, so a handle
@@ -57,11 +59,9 @@ static CUresult param_info(void *func, size_t i, size_t *off, size_t *size)
 static struct param_layout *layout_of(void *func)
 {
   size_t b = ((uintptr_t)func >> 4) % LAYOUT_BUCKETS;
-  pthread_mutex_lock(&layouts_lock);
-  struct param_layout *l = layouts[b];
+  struct param_layout *l = atomic_load_explicit(&layouts[b], memory_order_acquire);
   while (l && l->func != func)
     l = l->next;
-  pthread_mutex_unlock(&layouts_lock);
   if (l)
     return l;
   size_t n = 0, off, size;
@@ -83,10 +83,9 @@ static struct param_layout *layout_of(void *func)
       l->offset[i] = (uint32_t)off;
       l->size[i] = (uint32_t)size;
     }
-  pthread_mutex_lock(&layouts_lock);
-  l->next = layouts[b];
-  layouts[b] = l;
-  pthread_mutex_unlock(&layouts_lock);
+  l->next = atomic_load_explicit(&layouts[b], memory_order_relaxed);
+  while (!atomic_compare_exchange_weak_explicit(&layouts[b], &l->next, l, memory_order_release, memory_order_relaxed))
+    ;
   return l;
 }
 
