@@ -11,6 +11,7 @@
 #include "shim/shim_internal.h"
 
 #include <cuda_runtime_api.h>
+#include <nccl.h>
 #include <dlfcn.h>
 #include <link.h>
 #include <pthread.h>
@@ -49,13 +50,22 @@ static const struct door doors[] = {
     {"cudaFreeAsync_ptsz", (void *)cudaFreeAsync_ptsz, false},
     {"cudaMallocFromPoolAsync_ptsz", (void *)cudaMallocFromPoolAsync_ptsz, false},
     {"cudaMemGetInfo", (void *)cudaMemGetInfo, false},
+    {"ncclGroupStart", (void *)ncclGroupStart, false},
+    {"ncclGroupEnd", (void *)ncclGroupEnd, false},
+    {"ncclAllReduce", (void *)ncclAllReduce, false},
+    {"ncclReduce", (void *)ncclReduce, false},
+    {"ncclBroadcast", (void *)ncclBroadcast, false},
+    {"ncclReduceScatter", (void *)ncclReduceScatter, false},
+    {"ncclAllGather", (void *)ncclAllGather, false},
+    {"ncclSend", (void *)ncclSend, false},
+    {"ncclRecv", (void *)ncclRecv, false},
 };
 #define NDOORS (sizeof doors / sizeof doors[0])
 
 PS_NO_SANITIZE static const struct door *door_named(const char *name)
 {
-  /* Cheap reject first: every served name starts with "cu". */
-  if (name[0] != 'c' || name[1] != 'u')
+  /* Cheap reject first: every served name starts with "cu" or "nccl". */
+  if (!(name[0] == 'c' && name[1] == 'u') && !(name[0] == 'n' && name[1] == 'c'))
     return NULL;
   for (size_t i = 0; i < NDOORS; i++)
     if (strcmp(doors[i].name, name) == 0)
@@ -130,6 +140,19 @@ PS_DEFAULT_VISIBILITY PS_SIBCALLS PS_NO_SANITIZE void *dlsym(void *handle, const
   /* Route to psshim's door; the door itself passes what it does not serve to the real
    * function it finds on its own (the driver table or cudart). */
   return d->door;
+}
+
+void *ps_next_symbol(const char *name, const char *const *sonames)
+{
+  void *f = ps_real_dlsym(RTLD_NEXT, name);
+  for (size_t i = 0; !f && sonames[i]; i++) {
+    void *lib = dlopen(sonames[i], RTLD_LAZY | RTLD_NOLOAD);
+    if (lib) {
+      f = ps_real_dlsym(lib, name);
+      dlclose(lib);
+    }
+  }
+  return f;
 }
 
 static CUresult wrap_proc(CUresult r, void **pfn)

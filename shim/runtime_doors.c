@@ -12,26 +12,12 @@ cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t hStrea
 cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t hStream);
 cudaError_t cudaMallocFromPoolAsync_ptsz(void **ptr, size_t size, cudaMemPool_t memPool, cudaStream_t stream);
 
-/* The real cudart entry point: next in the search order after psshim, or the cudart
- * already loaded privately (RTLD_LOCAL) by whoever called. NULL when there is none. */
-static void *real_runtime(const char *name)
-{
-  void *f = ps_real_dlsym(RTLD_NEXT, name);
-  static const char *const sonames[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so"};
-  for (size_t i = 0; !f && i < sizeof sonames / sizeof sonames[0]; i++) {
-    void *lib = dlopen(sonames[i], RTLD_LAZY | RTLD_NOLOAD);
-    if (lib) {
-      f = ps_real_dlsym(lib, name);
-      dlclose(lib);
-    }
-  }
-  return f;
-}
+static const char *const cudart_sonames[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so", NULL};
 
 /* The real function has the door's own type. */
 #define REAL(name) \
   static __typeof__(&name) real_##name; \
-  if (!real_##name) real_##name = (__typeof__(&name))real_runtime(#name)
+  if (!real_##name) real_##name = (__typeof__(&name))ps_next_symbol(#name, cudart_sonames)
 
 static cudaError_t to_runtime(CUresult r)
 {

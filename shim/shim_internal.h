@@ -6,6 +6,11 @@
 
 /* psshim serves allocations: the driver loaded, not disabled, not a forked child. */
 bool ps_active(void);
+/* The real definition of a symbol psshim exports: next in the search order after psshim,
+ * else in the first already-loaded library of `sonames` (NULL-terminated; a library
+ * loaded privately with RTLD_LOCAL). NULL when there is none. */
+void *ps_next_symbol(const char *name, const char *const *sonames);
+
 /* The device of the calling thread's current context; false when there is none. */
 bool ps_current_device(int *ordinal);
 

@@ -26,7 +26,7 @@ static struct {
 } cupti;
 
 static CUpti_SubscriberHandle subscriber;
-static pst_launch_fn consumer;
+static _Atomic(pst_launch_fn) consumer;
 static void *consumer_user;
 static _Atomic uint64_t launch_seq;
 
@@ -291,7 +291,7 @@ static void on_transfer(const struct transfer_kind *t, const CUpti_CallbackData 
 static void trace_moment(const struct pst_launch *l, bool truncated)
 {
   struct pst_record r = {0};
-  if (l->kind == PST_MOMENT_KERNEL) {
+  if (l->kind == PST_MOMENT_KERNEL || l->kind == PST_MOMENT_COLLECTIVE) {
     r.type = PST_REC_LAUNCH;
     r.flags = truncated ? PST_RF_TRUNCATED : 0;
     r.launch.stream = l->stream;
@@ -328,16 +328,25 @@ static void CUPTIAPI on_api(void *user, CUpti_CallbackDomain domain, CUpti_Callb
       on_transfer(t, cb, l, f);
     else
       on_launch(cbid, cb, l, f);
-    l->seq = atomic_fetch_add_explicit(&launch_seq, 1, memory_order_relaxed);
     l->ptrs = f->ptr;
     l->nptrs = f->n;
-    if (pst_trace_enabled())
-      trace_moment(l, f->truncated);
+    l->truncated = f->truncated;
   } else if (cb->functionReturnValue && *(const CUresult *)cb->functionReturnValue != CUDA_SUCCESS) {
     l->failed = true;
   }
-  if (consumer)
-    consumer(l, enter, consumer_user);
+  pst_observe_moment(l, enter);
+}
+
+void pst_observe_moment(struct pst_launch *l, bool enter)
+{
+  if (enter) {
+    l->seq = atomic_fetch_add_explicit(&launch_seq, 1, memory_order_relaxed);
+    if (pst_trace_enabled())
+      trace_moment(l, l->truncated);
+  }
+  pst_launch_fn fn = atomic_load_explicit(&consumer, memory_order_acquire);
+  if (fn)
+    fn(l, enter, consumer_user);
 }
 
 /* ---- finding and loading CUPTI ---- */
@@ -410,8 +419,8 @@ bool pst_observe_start(pst_launch_fn fn, void *user)
     return false;
   }
   kernel_get_param_info = (__typeof__(kernel_get_param_info))ps_driver_symbol("cuKernelGetParamInfo");
-  consumer = fn;
   consumer_user = user;
+  atomic_store_explicit(&consumer, fn, memory_order_release);
   CUptiResult r = cupti.subscribe(&subscriber, (CUpti_CallbackFunc)on_api, NULL);
   if (r != CUPTI_SUCCESS) {
     subscriber = NULL;

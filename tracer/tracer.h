@@ -190,7 +190,9 @@ const char *pst_sync_what_name(unsigned what);
  * Launch observation (observe.c): CUPTI callbacks on kernel launches, copies and memsets
  * ====================================================================================== */
 
-enum pst_moment_kind { PST_MOMENT_KERNEL = 0, PST_MOMENT_COPY, PST_MOMENT_MEMSET };
+/* A collective is an NCCL call seen at psshim's NCCL doors; it is traced as a LAUNCH
+ * named after the call. */
+enum pst_moment_kind { PST_MOMENT_KERNEL = 0, PST_MOMENT_COPY, PST_MOMENT_MEMSET, PST_MOMENT_COLLECTIVE };
 
 /* One observed moment: a kernel launch or a transfer, as the calling thread enqueues it. */
 struct pst_launch {
@@ -205,6 +207,7 @@ struct pst_launch {
   const uint64_t *ptrs; /* sorted, unique; valid during the callback */
   bool failed;        /* exit only: the driver call returned an error */
   bool opaque;        /* its memory accesses cannot be seen (a CUDA graph launch) */
+  bool truncated;     /* more pointers than PST_LAUNCH_MAX_PTRS were found */
 };
 /* Called on the launching thread before the driver enqueues the work (enter = true) and
  * after (enter = false), with the same pst_launch. */
@@ -214,6 +217,10 @@ typedef void (*pst_launch_fn)(const struct pst_launch *l, bool enter, void *user
  * toolkit). False, after one log line and a trace NOTE, when CUPTI is missing or taken. */
 bool pst_observe_start(pst_launch_fn fn, void *user);
 void pst_observe_stop(void);
+/* Reports a moment seen elsewhere than CUPTI (psshim's NCCL doors) exactly like a launch:
+ * numbered and traced at enter, then given to the consumer at enter and at exit. Works
+ * for the trace even when CUPTI is not observed. */
+void pst_observe_moment(struct pst_launch *l, bool enter);
 /* Moments observed so far. */
 uint64_t pst_observe_moments(void);
 

@@ -62,6 +62,13 @@ doors)
   PSSHIM_GPU_BUDGET=64M PSSHIM_HOST_BUDGET=64M EXPECT_TOTAL_BYTES=$((128 << 20)) under_psshim "$prog" \
     || fail "doors"
   ;;
+nccl)
+  under_psshim PSSHIM_TRACE="$tmp/nccl.trace" "$prog" || fail "nccl doors"
+  "$REPORT" "$tmp/nccl.trace" --perfetto "$tmp/nccl.json" >/dev/null || fail "psshim-report on the trace"
+  n=$(grep -o '"ncclAllReduce"' "$tmp/nccl.json" | wc -l)
+  [ "$n" = 2 ] || fail "the trace names $n ncclAllReduce calls, expected 2"
+  echo "the trace names both ncclAllReduce calls"
+  ;;
 badconfig)
   for bad in PSSHIM_CHUNK_SIZE=3M PSSHIM_GPU_BUDGET=lots PSSHIM_POLICY=fast PSSHIM_LOG=loud PSSHIM_HOST_BUDGET=-1G; do
     under_psshim "$bad" "$prog" 1 1 1 >"$tmp/out" 2>"$tmp/err"
