@@ -51,6 +51,12 @@ struct migration {
   uint64_t touches_at_start, bytes, start_ns;
 };
 
+/* The target frame of a cancelled migration, free once its copy is done. */
+struct deferred_frame {
+  uint32_t frame;
+  CUevent done;
+};
+
 struct chunk {
   uint32_t frame; /* PSA_NO_FRAME when unmapped */
   struct span *span;
@@ -101,6 +107,8 @@ struct device {
   CUstream copy_in, copy_out;
   uint64_t migrating[PSA_MAX_MIGRATIONS];
   uint32_t nmigrating;
+  struct deferred_frame deferred[PSA_MAX_MIGRATIONS];
+  uint32_t ndeferred;
   psp_cand *cands; /* scratch for victim choice, one per chunk */
   uint64_t *cand_chunks;
   struct psa_stats stats;
@@ -145,8 +153,8 @@ void psa_event_put(struct device *d, CUevent e);
  * start now (in flight, migrating, too many migrations), OUT_OF_MEMORY without a frame. */
 CUresult psa_migration_start(struct device *d, uint64_t chunk, enum psa_where to);
 /* Finishes (remaps) or cancels the chunk's migration. POLL: finish if the copy is done,
- * else return false. FOR_TOUCH (a launch is about to touch it): wait for a page-in and
- * finish it, cancel a page-out. FINISH: wait and finish either way. A migration whose
+ * else return false. FOR_TOUCH (a launch is about to touch it): finish a page-in whose
+ * copy is done, cancel anything else (no waiting). FINISH: wait and finish either way. A migration whose
  * chunk was touched since it started is always cancelled. */
 enum psa_settle { PSA_SETTLE_POLL, PSA_SETTLE_FOR_TOUCH, PSA_SETTLE_FINISH };
 bool psa_migration_settle(struct device *d, uint64_t chunk, enum psa_settle how);

@@ -193,15 +193,38 @@ static void finish(struct device *d, uint64_t chunk)
   drop_migration(d, chunk);
 }
 
-/* Abandons a migration: the chunk stays on its frame, the target frame returns once the
- * copy into it has completed. */
+/* Abandons a migration: the chunk stays on its frame. The target frame returns once the
+ * copy into it has completed: later (polled), so a launch never waits for a copy it does
+ * not need, or at once when the deferred list is full. */
 static void cancel(struct device *d, uint64_t chunk)
 {
   struct migration *m = d->chunks[chunk].mig;
-  PS_CU(ps_driver.cuEventSynchronize(m->done));
-  psa_frame_give(d, m->frame);
+  if (d->ndeferred < PSA_MAX_MIGRATIONS) {
+    d->deferred[d->ndeferred++] = (struct deferred_frame){.frame = m->frame, .done = m->done};
+    m->done = NULL; /* now the deferred entry's */
+  } else {
+    PS_CU(ps_driver.cuEventSynchronize(m->done));
+    psa_frame_give(d, m->frame);
+  }
   d->stats.migrations_cancelled++;
   drop_migration(d, chunk);
+}
+
+/* Frames of cancelled migrations whose copies have completed go back to their lists. */
+static void release_deferred(struct device *d)
+{
+  for (uint32_t i = 0; i < d->ndeferred;) {
+    CUresult q = ps_driver.cuEventQuery(d->deferred[i].done);
+    if (q == CUDA_ERROR_NOT_READY) {
+      i++;
+      continue;
+    }
+    if (q != CUDA_SUCCESS)
+      PS_CU(ps_driver.cuEventSynchronize(d->deferred[i].done)); /* be sure the copy is over */
+    psa_frame_give(d, d->deferred[i].frame);
+    psa_event_put(d, d->deferred[i].done);
+    d->deferred[i] = d->deferred[--d->ndeferred];
+  }
 }
 
 bool psa_migration_settle(struct device *d, uint64_t chunk, enum psa_settle how)
@@ -215,7 +238,13 @@ bool psa_migration_settle(struct device *d, uint64_t chunk, enum psa_settle how)
     cancel(d, chunk);
     return true;
   }
-  CUresult q = how == PSA_SETTLE_POLL ? ps_driver.cuEventQuery(m->done) : ps_driver.cuEventSynchronize(m->done);
+  /* Before a touch, a page-in still copying is abandoned rather than waited for: the
+   * launch reads the host frame in place, and the host never stalls the GPU's queue. */
+  CUresult q = how == PSA_SETTLE_FINISH ? ps_driver.cuEventSynchronize(m->done) : ps_driver.cuEventQuery(m->done);
+  if (q == CUDA_ERROR_NOT_READY && how == PSA_SETTLE_FOR_TOUCH) {
+    cancel(d, chunk);
+    return true;
+  }
   if (q == CUDA_ERROR_NOT_READY)
     return false;
   if (PS_CU(q)) {
@@ -228,6 +257,7 @@ bool psa_migration_settle(struct device *d, uint64_t chunk, enum psa_settle how)
 
 void psa_migrations_poll(struct device *d)
 {
+  release_deferred(d);
   for (uint32_t i = 0; i < d->nmigrating;) {
     uint64_t chunk = d->migrating[i];
     if (psa_migration_settle(d, chunk, PSA_SETTLE_POLL) && (i >= d->nmigrating || d->migrating[i] != chunk))
@@ -341,7 +371,7 @@ void psa_on_moment(const struct pst_launch *l, bool enter)
   if (!enter && ps_options.policy == PS_POLICY_AUTO) {
     for (int i = 0; i < PSA_MAX_DEVICES; i++) {
       struct device *d = &psa_devices[i];
-      if (!d->ready || !d->nmigrating)
+      if (!d->ready || (!d->nmigrating && !d->ndeferred))
         continue;
       pthread_mutex_lock(&d->lock);
       psa_migrations_poll(d);
