@@ -43,6 +43,8 @@ def main() -> int:
     ap.add_argument("--lib", required=True, help="path of libpsshim.so")
     ap.add_argument("--out", required=True, help="JSON output path")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--budget", help="PSSHIM_GPU_BUDGET for the psshim runs (default: native's peak reserved bytes); "
+                                     "a roomy one keeps paging out of an observation-cost measurement")
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--configs", default="native,native-async,psshim,psshim-keep,psshim-trace,psshim-observe",
                     help="which configurations, comma separated")
@@ -55,7 +57,8 @@ def main() -> int:
     if probe.get("exit") or not peak:
         print("native probe run failed:", probe.get("stderr_tail", probe.get("exit")), file=sys.stderr)
         return 1
-    pre = dict(base, LD_PRELOAD=os.path.abspath(a.lib), PSSHIM_GPU_BUDGET=str(peak))
+    budget = a.budget or str(peak)
+    pre = dict(base, LD_PRELOAD=os.path.abspath(a.lib), PSSHIM_GPU_BUDGET=budget)
     trace = os.path.join(tempfile.gettempdir(), "overhead.trace")
     envs = {
         "native": base,
@@ -75,14 +78,15 @@ def main() -> int:
                 failures[n] = r.get("stderr_tail", r.get("exit"))
                 continue
             medians[n].append(r["median_step_s"])
-    summary = {"command": " ".join(sys.argv), "budget_bytes": peak, "rounds": a.rounds,
+    summary = {"command": " ".join(sys.argv), "psshim_gpu_budget": budget, "native_peak_reserved_bytes": peak,
+               "rounds": a.rounds,
                "medians_per_round_s": medians, "failures": failures,
                "median_s": {n: statistics.median(v) for n, v in medians.items() if v}}
     with open(a.out, "w") as f:
         json.dump(summary, f, indent=1)
     ref = summary["median_s"].get("native")
-    print(f"step time, median over {a.rounds} rounds of per-run medians; psshim budget {peak / 2**30:.2f} GiB "
-          f"(native peak reserved)")
+    print(f"step time, median over {a.rounds} rounds of per-run medians; PSSHIM_GPU_BUDGET={budget} "
+          f"(native peak reserved {peak / 2**30:.2f} GiB)")
     for n in names:
         m = summary["median_s"].get(n)
         print(f"  {n:<16} {m * 1e3:9.2f} ms  {m / ref:6.3f}x native" if m and ref else f"  {n:<16} failed: {failures.get(n)}")
