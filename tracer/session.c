@@ -17,7 +17,7 @@
 static pthread_mutex_t period_lock = PTHREAD_MUTEX_INITIALIZER;
 static psp_period *detector;
 static uint64_t fed, next_ask, next_boundary, iteration;
-static uint32_t period;
+static uint32_t period, candidate; /* adopted period, and the last one the detector gave */
 static pthread_t sampler;
 static _Atomic bool sampling;
 static CUcontext sampler_ctx;
@@ -31,14 +31,20 @@ static void track_iteration(const struct pst_launch *l)
   if (fed >= next_ask) {
     /* Ask early and then more rarely: short programs get their period, long ones pay little. */
     next_ask = fed + (fed < PERIOD_ASK_MAX ? (fed < 64 ? 64 : fed) : PERIOD_ASK_MAX);
-    uint32_t p;
-    uint64_t phase;
-    if (psp_period_get(detector, &p, &phase) && p != period) {
+    uint32_t p = 0;
+    uint64_t phase = 0;
+    bool found = psp_period_get(detector, &p, &phase);
+    /* Early in a run a layer's pattern looks periodic: a period is adopted only when two
+     * queries in a row agree, and dropped when the stream stops being periodic. */
+    if (!found) {
+      period = candidate = 0;
+    } else if (p == candidate && p != period) {
       period = p;
       next_boundary = phase + p;
       while (next_boundary < fed)
         next_boundary += p;
     }
+    candidate = found ? p : 0;
   }
   bool boundary = period && fed >= next_boundary;
   if (boundary)
