@@ -62,6 +62,18 @@ doors)
   PSSHIM_GPU_BUDGET=64M PSSHIM_HOST_BUDGET=64M EXPECT_TOTAL_BYTES=$((128 << 20)) under_psshim "$prog" \
     || fail "doors"
   ;;
+iterations)
+  # 300 steps of 16 launches (8 layers forward, 8 updates): the session must find the
+  # step, not one layer's repeated kernel, and the report must count it.
+  under_psshim PSSHIM_CUPTI="$FAKE_CUPTI" PSSHIM_TRACE="$tmp/it.trace" PSSHIM_GPU_BUDGET=64M "$prog" 300 8 1 \
+    || fail "traced run"
+  "$REPORT" "$tmp/it.trace" >"$tmp/report.txt" || fail "psshim-report"
+  line=$(grep -E '^ +steady ' "$tmp/report.txt") || fail "no steady iterations: $(cat "$tmp/report.txt")"
+  echo "$line"
+  read -r _ iterations _ _ _ _ per_it _ <<<"$line"
+  [ "$per_it" = 16 ] || fail "$per_it launches per iteration, expected 16"
+  [ "$iterations" -ge 280 ] || fail "only $iterations iterations of 300 found"
+  ;;
 nccl)
   under_psshim PSSHIM_TRACE="$tmp/nccl.trace" "$prog" || fail "nccl doors"
   "$REPORT" "$tmp/nccl.trace" --perfetto "$tmp/nccl.json" >/dev/null || fail "psshim-report on the trace"
