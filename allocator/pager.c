@@ -302,23 +302,35 @@ static void promote(struct device *d, uint64_t chunk, uint64_t now)
   psa_migration_start(d, chunk, PSA_GPU);
 }
 
-/* Calls fn for every chunk of the spans that the launch's pointers fall in, device by
- * device, with that device's lock held. */
+/* Calls fn for every chunk of the spans that the launch's pointers fall in, once per
+ * span, holding each device's lock once per launch (pointers come sorted, so pointers of
+ * one span, and of one device, are neighbours). */
 static void for_each_chunk(const struct pst_launch *l, void (*fn)(struct device *, uint64_t, const struct pst_launch *))
 {
+  struct device *locked = NULL;
+  const struct span *last = NULL;
   for (uint32_t k = 0; k < l->nptrs; k++) {
     int ordinal;
     int64_t chunk = psa_chunk_of(l->ptrs[k], &ordinal);
     if (chunk < 0)
       continue;
     struct device *d = &psa_devices[ordinal];
-    pthread_mutex_lock(&d->lock);
+    if (d != locked) {
+      if (locked)
+        pthread_mutex_unlock(&locked->lock);
+      pthread_mutex_lock(&d->lock);
+      locked = d;
+      last = NULL;
+    }
     struct span *s = d->chunks[chunk].span;
-    if (s)
-      for (uint64_t i = s->first_chunk; i < s->first_chunk + s->nchunks; i++)
-        fn(d, i, l);
-    pthread_mutex_unlock(&d->lock);
+    if (!s || s == last)
+      continue;
+    last = s;
+    for (uint64_t i = s->first_chunk; i < s->first_chunk + s->nchunks; i++)
+      fn(d, i, l);
   }
+  if (locked)
+    pthread_mutex_unlock(&locked->lock);
 }
 
 static void enter_chunk(struct device *d, uint64_t chunk, const struct pst_launch *l)

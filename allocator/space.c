@@ -12,6 +12,7 @@ _Atomic uint64_t psa_space_lo[PSA_MAX_DEVICES], psa_space_hi[PSA_MAX_DEVICES];
 /* The hull of every device's space: one comparison rejects almost every foreign value
  * (the tracer asks this of every word of every launch's parameters). */
 static _Atomic uint64_t hull_lo = UINT64_MAX, hull_hi;
+static _Atomic int devices_hi; /* one past the highest ordinal set up */
 bool psa_forked_child;
 static pthread_mutex_t setup_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -116,6 +117,8 @@ static bool setup(struct device *d, int ordinal)
     return false;
   atomic_store(&psa_space_lo[ordinal], d->base);
   atomic_store(&psa_space_hi[ordinal], d->base + bytes);
+  for (int hi = atomic_load(&devices_hi); ordinal + 1 > hi && !atomic_compare_exchange_weak(&devices_hi, &hi, ordinal + 1);)
+    ;
   for (uint64_t lo = atomic_load(&hull_lo); d->base < lo && !atomic_compare_exchange_weak(&hull_lo, &lo, d->base);)
     ;
   for (uint64_t hi = atomic_load(&hull_hi); d->base + bytes > hi && !atomic_compare_exchange_weak(&hull_hi, &hi, d->base + bytes);)
@@ -166,7 +169,7 @@ bool psa_owns(CUdeviceptr p)
 {
   if (p < atomic_load_explicit(&hull_lo, memory_order_relaxed) || p >= atomic_load_explicit(&hull_hi, memory_order_relaxed))
     return false;
-  for (int i = 0; i < PSA_MAX_DEVICES; i++) {
+  for (int i = 0, n = atomic_load_explicit(&devices_hi, memory_order_relaxed); i < n; i++) {
     uint64_t hi = atomic_load_explicit(&psa_space_hi[i], memory_order_relaxed);
     if (!hi)
       continue;
@@ -178,7 +181,7 @@ bool psa_owns(CUdeviceptr p)
 
 int64_t psa_chunk_of(CUdeviceptr p, int *ordinal)
 {
-  for (int i = 0; i < PSA_MAX_DEVICES; i++) {
+  for (int i = 0, n = atomic_load_explicit(&devices_hi, memory_order_relaxed); i < n; i++) {
     uint64_t lo = atomic_load_explicit(&psa_space_lo[i], memory_order_relaxed);
     uint64_t hi = atomic_load_explicit(&psa_space_hi[i], memory_order_relaxed);
     if (hi && p >= lo && p < hi) {

@@ -99,23 +99,11 @@ struct found {
 
 static void add_ptr(struct found *f, uint64_t v)
 {
-  uint32_t lo = 0, hi = f->n;
-  while (lo < hi) {
-    uint32_t mid = (lo + hi) / 2;
-    if (f->ptr[mid] < v)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  if (lo < f->n && f->ptr[lo] == v)
-    return;
   if (f->n == PST_LAUNCH_MAX_PTRS) {
     f->truncated = true;
     return;
   }
-  memmove(&f->ptr[lo + 1], &f->ptr[lo], (f->n - lo) * sizeof f->ptr[0]);
-  f->ptr[lo] = v;
-  f->n++;
+  f->ptr[f->n++] = v;
 }
 
 /* Every 8-byte value at a 4-byte step: pointers inside structs passed by value, packed
@@ -328,6 +316,7 @@ static void CUPTIAPI on_api(void *user, CUpti_CallbackDomain domain, CUpti_Callb
       on_transfer(t, cb, l, f);
     else
       on_launch(cbid, cb, l, f);
+    f->n = pst_sort_unique(f->ptr, f->n);
     l->ptrs = f->ptr;
     l->nptrs = f->n;
     l->truncated = f->truncated;

@@ -367,7 +367,10 @@ static struct ring *my_ring(void) {
 
 /* Sorts and deduplicates n pointers in place (shell sort: no malloc, no recursion);
  * returns the count left. */
-static uint32_t sort_unique(uint64_t *p, uint32_t n) {
+uint32_t pst_sort_unique(uint64_t *p, uint32_t n) {
+  uint32_t run = 1; /* launch pointers usually come sorted already: check in one pass */
+  while (run < n && p[run - 1] < p[run]) run++;
+  if (run >= n) return n;
   static const uint32_t gaps[] = { 57, 23, 10, 4, 1 };
   for (size_t g = 0; g < sizeof gaps / sizeof *gaps; g++)
     for (uint32_t i = gaps[g]; i < n; i++) {
@@ -406,7 +409,7 @@ void pst_trace_emit(const struct pst_record *in) {
       r.flags |= PST_RF_TRUNCATED;
     }
     if (n) memcpy(ptrs, r.launch.ptrs, (size_t)n * sizeof *ptrs);
-    r.launch.n = sort_unique(ptrs, n);
+    r.launch.n = pst_sort_unique(ptrs, n);
     r.launch.ptrs = ptrs;
   } else if (r.type == PST_REC_NOTE) {
     size_t len = r.note.len ? r.note.len : strlen(r.note.text);

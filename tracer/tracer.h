@@ -176,6 +176,10 @@ const char *pst_reader_error(const struct pst_reader *rd);
 struct pst_read_stats pst_reader_stats(const struct pst_reader *rd);
 void pst_reader_close(struct pst_reader *rd);
 
+/* Sorts v[0..n) and removes repeats in place; returns the new count. O(n) when v is
+ * already strictly increasing, as launch pointers usually are. */
+uint32_t pst_sort_unique(uint64_t *v, uint32_t n);
+
 /* Names for reports and messages ("ALLOC", "h2d", "prefetch", ...); "?" if out of range. */
 const char *pst_record_type_name(unsigned type);
 const char *pst_copy_kind_name(unsigned kind);
