@@ -82,6 +82,8 @@ double rp_secs(const struct rp_trace *t, uint64_t ns);
 void rp_json_escape(FILE *f, const char *s, size_t n);
 void rp_html_escape(FILE *f, const char *s);
 /* Parses "64M", "1G", "512K", "4096" (binary multiples). */
+/* name demangled into buf when it is a C++ symbol and a demangler is at hand, else name. */
+const char *rp_demangle(const char *name, char *buf, size_t len);
 bool rp_parse_size(const char *s, uint64_t *out);
 
 #endif

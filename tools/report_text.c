@@ -162,8 +162,10 @@ static void print_stack(const struct rp_trace *t, uint32_t id, FILE *f) {
     return;
   }
   const struct rp_stack *s = &t->stacks[id];
+  char name[512];
   for (uint32_t i = 0; i < s->depth && i < 8; i++)
-    fprintf(f, "      %s+0x%x\n", rp_string(t, s->frames[i].symbol), s->frames[i].offset);
+    fprintf(f, "      %s+0x%x\n", rp_demangle(rp_string(t, s->frames[i].symbol), name, sizeof name),
+            s->frames[i].offset);
   if (s->depth > 8) fprintf(f, "      ... %u more frames\n", s->depth - 8);
 }
 

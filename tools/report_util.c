@@ -1,4 +1,6 @@
 /* Formatting helpers shared by psshim-report's outputs. */
+#include <dlfcn.h>
+#include <stdio.h>
 #include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,4 +62,26 @@ bool rp_parse_size(const char *s, uint64_t *out) {
   if (*end || v <= 0 || v * (double)(1ull << shift) >= 18e18) return false;
   *out = (uint64_t)(v * (double)(1ull << shift));
   return true;
+}
+
+/* C++ symbols (torch's) read better demangled. libstdc++'s demangler is used when the
+ * library can be loaded; otherwise the name stays as recorded. */
+const char *rp_demangle(const char *name, char *buf, size_t len) {
+  static char *(*demangle)(const char *, char *, size_t *, int *);
+  static bool looked;
+  if (strncmp(name, "_Z", 2) != 0) return name;
+  if (!looked) {
+    looked = true;
+    void *lib = dlopen("libstdc++.so.6", RTLD_LAZY | RTLD_LOCAL);
+    if (lib) demangle = (char *(*)(const char *, char *, size_t *, int *))dlsym(lib, "__cxa_demangle");
+  }
+  int status = -1;
+  char *out = demangle ? demangle(name, NULL, NULL, &status) : NULL;
+  if (!out || status != 0) {
+    free(out);
+    return name;
+  }
+  snprintf(buf, len, "%s", out);
+  free(out);
+  return buf;
 }
