@@ -94,6 +94,10 @@ CUresult psa_alloc(int ordinal, size_t size, CUstream stream, CUdeviceptr *p)
     d->stats.peak_live_bytes = d->stats.live_bytes;
     d->stats.mapped_at_peak = d->stats.mapped_chunk_bytes;
   }
+  if (d->stats.live_bytes > d->used_high)
+    d->used_high = d->stats.live_bytes;
+  if (d->stats.mapped_chunk_bytes > d->reserved_high)
+    d->reserved_high = d->stats.mapped_chunk_bytes;
   uint64_t chunk = (ptr - d->base) / d->chunk_size;
   enum psa_where where = d->frames[d->chunks[chunk].frame].where;
   pthread_mutex_unlock(&d->lock);
@@ -155,6 +159,32 @@ void psa_mem_info(int ordinal, size_t *free_bytes, size_t *total_bytes)
   uint64_t total = d->stats.gpu_budget + d->stats.host_budget;
   *total_bytes = total;
   *free_bytes = total > d->stats.live_bytes ? total - d->stats.live_bytes : 0;
+  pthread_mutex_unlock(&d->lock);
+}
+
+bool psa_usage_get(int ordinal, struct psa_usage *u)
+{
+  if (ordinal < 0 || ordinal >= PSA_MAX_DEVICES || !psa_devices[ordinal].ready)
+    return false;
+  struct device *d = &psa_devices[ordinal];
+  pthread_mutex_lock(&d->lock);
+  *u = (struct psa_usage){.reserved = d->stats.mapped_chunk_bytes, .used = d->stats.live_bytes,
+                          .reserved_high = d->reserved_high, .used_high = d->used_high};
+  pthread_mutex_unlock(&d->lock);
+  return true;
+}
+
+/* As a pool's high marks are reset: to the current value. */
+void psa_usage_reset_high(int ordinal, bool reserved, bool used)
+{
+  if (ordinal < 0 || ordinal >= PSA_MAX_DEVICES || !psa_devices[ordinal].ready)
+    return;
+  struct device *d = &psa_devices[ordinal];
+  pthread_mutex_lock(&d->lock);
+  if (reserved)
+    d->reserved_high = d->stats.mapped_chunk_bytes;
+  if (used)
+    d->used_high = d->stats.live_bytes;
   pthread_mutex_unlock(&d->lock);
 }
 

@@ -57,6 +57,15 @@ struct pst_launch;
  * decides what to move. */
 void psa_on_moment(const struct pst_launch *l, bool enter);
 
+/* Memory in use on `ordinal` as a memory pool would count it: reserved = bytes of the frames
+ * its chunks hold, used = bytes of live allocations; highs since the last reset. False
+ * when psshim does not serve the device. */
+struct psa_usage {
+  uint64_t reserved, reserved_high, used, used_high;
+};
+bool psa_usage_get(int ordinal, struct psa_usage *u);
+void psa_usage_reset_high(int ordinal, bool reserved, bool used);
+
 struct psa_stats {
   uint64_t allocs, frees, failed_allocs;
   uint64_t live_bytes, peak_live_bytes;

@@ -109,6 +109,7 @@ struct device {
   uint32_t nmigrating;
   struct deferred_frame deferred[PSA_MAX_MIGRATIONS];
   uint32_t ndeferred;
+  uint64_t reserved_high, used_high; /* since the last psa_usage_reset_high */
   psp_cand *cands; /* scratch for victim choice, one per chunk */
   uint64_t *cand_chunks;
   struct psa_stats stats;

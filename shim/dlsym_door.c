@@ -50,6 +50,8 @@ static const struct door doors[] = {
     {"cudaFreeAsync_ptsz", (void *)cudaFreeAsync_ptsz, false},
     {"cudaMallocFromPoolAsync_ptsz", (void *)cudaMallocFromPoolAsync_ptsz, false},
     {"cudaMemGetInfo", (void *)cudaMemGetInfo, false},
+    {"cudaMemPoolGetAttribute", (void *)cudaMemPoolGetAttribute, false},
+    {"cudaMemPoolSetAttribute", (void *)cudaMemPoolSetAttribute, false},
     {"ncclGroupStart", (void *)ncclGroupStart, false},
     {"ncclGroupEnd", (void *)ncclGroupEnd, false},
     {"ncclAllReduce", (void *)ncclAllReduce, false},

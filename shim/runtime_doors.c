@@ -121,6 +121,36 @@ PS_DEFAULT_VISIBILITY cudaError_t cudaMallocFromPoolAsync(void **ptr, size_t siz
                                       : cudaErrorInitializationError;
 }
 
+/* The current pool's memory counters answer for psshim's memory: with
+ * backend:cudaMallocAsync, torch reads torch.cuda.memory_allocated and its peaks from
+ * them, and resets the peaks by setting the high marks. */
+PS_DEFAULT_VISIBILITY cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t pool, enum cudaMemPoolAttr attr, void *value)
+{
+  int ordinal;
+  struct psa_usage u;
+  if (value && runtime_pool_is_current(pool) && ps_current_device(&ordinal) && psa_usage_get(ordinal, &u)) {
+    switch (attr) {
+    case cudaMemPoolAttrReservedMemCurrent: *(cuuint64_t *)value = u.reserved; return cudaSuccess;
+    case cudaMemPoolAttrReservedMemHigh: *(cuuint64_t *)value = u.reserved_high; return cudaSuccess;
+    case cudaMemPoolAttrUsedMemCurrent: *(cuuint64_t *)value = u.used; return cudaSuccess;
+    case cudaMemPoolAttrUsedMemHigh: *(cuuint64_t *)value = u.used_high; return cudaSuccess;
+    default: break;
+    }
+  }
+  REAL(cudaMemPoolGetAttribute);
+  return real_cudaMemPoolGetAttribute ? real_cudaMemPoolGetAttribute(pool, attr, value) : cudaErrorInitializationError;
+}
+
+PS_DEFAULT_VISIBILITY cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, enum cudaMemPoolAttr attr, void *value)
+{
+  int ordinal;
+  bool high = attr == cudaMemPoolAttrReservedMemHigh || attr == cudaMemPoolAttrUsedMemHigh;
+  if (value && high && runtime_pool_is_current(pool) && ps_current_device(&ordinal))
+    psa_usage_reset_high(ordinal, attr == cudaMemPoolAttrReservedMemHigh, attr == cudaMemPoolAttrUsedMemHigh);
+  REAL(cudaMemPoolSetAttribute);
+  return real_cudaMemPoolSetAttribute ? real_cudaMemPoolSetAttribute(pool, attr, value) : cudaErrorInitializationError;
+}
+
 static cudaStream_t per_thread(cudaStream_t s) { return s ? s : cudaStreamPerThread; }
 
 PS_DEFAULT_VISIBILITY cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t hStream)

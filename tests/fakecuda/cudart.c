@@ -150,6 +150,31 @@ RT_EXPORT cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *memPool, int de
   return ret_cu(r == CUDA_SUCCESS ? cuDeviceGetDefaultMemPool(memPool, device) : r);
 }
 
+RT_EXPORT cudaError_t cudaDeviceGetMemPool(cudaMemPool_t *memPool, int device) {
+  CUresult r = cuInit(0);
+  return ret_cu(r == CUDA_SUCCESS ? cuDeviceGetMemPool(memPool, device) : r);
+}
+
+/* The fake's default pool keeps no statistics: its memory counters read 0, its other
+ * attributes are not modelled. Setting the counters' high marks (a reset) is accepted. */
+RT_EXPORT cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t pool, enum cudaMemPoolAttr attr, void *value) {
+  if (!pool || !value) return ret(cudaErrorInvalidValue);
+  switch (attr) {
+  case cudaMemPoolAttrReservedMemCurrent: case cudaMemPoolAttrReservedMemHigh:
+  case cudaMemPoolAttrUsedMemCurrent: case cudaMemPoolAttrUsedMemHigh:
+    *(cuuint64_t *)value = 0;
+    return cudaSuccess;
+  default:
+    return ret(cudaErrorNotSupported);
+  }
+}
+
+RT_EXPORT cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, enum cudaMemPoolAttr attr, void *value) {
+  if (!pool || !value) return ret(cudaErrorInvalidValue);
+  return attr == cudaMemPoolAttrReservedMemHigh || attr == cudaMemPoolAttrUsedMemHigh ? cudaSuccess
+                                                                                       : ret(cudaErrorNotSupported);
+}
+
 /* ---- memory ---- */
 RT_EXPORT cudaError_t cudaMalloc(void **devPtr, size_t size) {
   CUdeviceptr p;

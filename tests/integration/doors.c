@@ -76,6 +76,20 @@ int main(void)
 
   void *r = NULL;
   CHECK("cudaMalloc is served", cudaMalloc(&r, 1000) == cudaSuccess && owns(r));
+  cudaMemPool_t pool = NULL;
+  cuuint64_t used = 0, high = 0, zero = 0, reserved = 0;
+  CHECK("the current pool's counters answer for psshim",
+        !cudaDeviceGetMemPool(&pool, 0) && !cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used) &&
+            !cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved) &&
+            used >= (1 << 20) + 4096 + 1000 && reserved >= used);
+  cudaFree(r);
+  CHECK("a free lowers used bytes, not the high mark",
+        !cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &zero) && zero < used &&
+            !cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high) && high >= used);
+  CHECK("setting the high mark resets it to the current value",
+        !cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &(cuuint64_t){0}) &&
+            !cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high) && high == zero);
+  CHECK("cudaMalloc again", cudaMalloc(&r, 1000) == cudaSuccess && owns(r));
   char host[64];
   CHECK("cudaFree(host pointer) passes through to an error", cudaFree(host) != cudaSuccess);
   CHECK("cudaFree(NULL) succeeds", cudaFree(NULL) == cudaSuccess);
