@@ -112,11 +112,22 @@ CUresult psa_alloc(int ordinal, size_t size, CUstream stream, CUdeviceptr *p)
   return CUDA_SUCCESS;
 }
 
+/* A free may come from a thread that never made a context current (a framework's
+ * deleter thread): the runtime would make the primary context current, and so does psshim,
+ * since the event and the synchronisation below need one. */
+static void ensure_context(struct device *d)
+{
+  CUcontext cur = NULL;
+  if (ps_driver.cuCtxGetCurrent(&cur) != CUDA_SUCCESS || !cur)
+    PS_CU(ps_driver.cuCtxSetCurrent(d->ctx));
+}
+
 CUresult psa_free(CUdeviceptr p, CUstream stream, bool sync)
 {
   struct device *d = device_of(p);
   if (!d)
     return CUDA_ERROR_INVALID_VALUE;
+  ensure_context(d);
   /* cudaFree and cuMemFree wait for the device; then the bytes are free for every stream. */
   if (sync && PS_CU(ps_driver.cuCtxSynchronize()))
     return CUDA_ERROR_UNKNOWN;

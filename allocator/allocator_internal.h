@@ -131,7 +131,6 @@ CUresult psa_frames_init(struct device *d);
 /* A free frame of `where`, made if under the limit; PSA_NO_FRAME when none can be had. */
 uint32_t psa_frame_take(struct device *d, enum psa_where where);
 void psa_frame_give(struct device *d, uint32_t f);
-void psa_pool_stop(struct device *d);
 
 /* spans.c */
 struct span *psa_span_new(struct device *d, uint64_t nchunks);

@@ -129,17 +129,6 @@ CUresult psa_frames_init(struct device *d)
   return CUDA_SUCCESS;
 }
 
-void psa_pool_stop(struct device *d)
-{
-  pthread_mutex_lock(&d->lock);
-  bool was = d->pool_running;
-  d->pool_running = false;
-  pthread_cond_broadcast(&d->pool_wake);
-  pthread_mutex_unlock(&d->lock);
-  if (was)
-    pthread_join(d->pool_thread, NULL);
-}
-
 static void count_held(struct device *d, enum psa_where w, int delta)
 {
   if (w == PSA_GPU) {

@@ -101,7 +101,11 @@ bool pst_session_start(const struct pst_trace_header *h)
   if (tracing) {
     ps_driver.cuCtxGetCurrent(&sampler_ctx);
     atomic_store(&sampling, true);
-    if (pthread_create(&sampler, NULL, sample_main, NULL))
+    /* Detached: at exit it may be waiting for a lock a dying thread holds, and the
+     * process must not wait for it. */
+    if (pthread_create(&sampler, NULL, sample_main, NULL) == 0)
+      pthread_detach(sampler);
+    else
       atomic_store(&sampling, false);
   }
   return observed;
@@ -110,8 +114,7 @@ bool pst_session_start(const struct pst_trace_header *h)
 void pst_session_end(void)
 {
   /* At exit the CUDA runtime may already be torn down: no CUPTI calls here. */
-  if (atomic_exchange(&sampling, false))
-    pthread_join(sampler, NULL);
+  atomic_store(&sampling, false);
   pst_trace_close();
   pthread_mutex_lock(&period_lock);
   psp_period_free(detector);
