@@ -382,6 +382,64 @@ static void test_migrate_roundtrip(void **state)
   assert_int_equal(in_child(migrate_roundtrip, NULL), 0);
 }
 
+/* ---- two devices: separate chunk spaces, budgets and data ---- */
+
+static void two_devices(void *arg)
+{
+  (void)arg;
+  setenv("FAKECUDA_DEVICE_COUNT", "2", 1);
+  start("4M", "16M");
+  CUdevice dev1;
+  CUcontext ctx0, ctx1;
+  ps_driver.cuCtxGetCurrent(&ctx0);
+  if (ps_driver.cuDeviceGet(&dev1, 1) || ps_driver.cuDevicePrimaryCtxRetain(&ctx1, dev1))
+    exit(60);
+  CUdeviceptr a[4], b[4];
+  for (int i = 0; i < 4; i++) { /* 4 MiB of GPU budget each: the last two of each spill */
+    ps_driver.cuCtxSetCurrent(ctx0);
+    if (psa_alloc(0, 2 * MiB, PSA_SYNC_STREAM, &a[i]))
+      exit(61);
+    launch(fill_kernel, a[i], 2 * MiB, (uint64_t)i, 0);
+    ps_driver.cuCtxSetCurrent(ctx1);
+    if (psa_alloc(1, 2 * MiB, PSA_SYNC_STREAM, &b[i]))
+      exit(62);
+    launch(fill_kernel, b[i], 2 * MiB, 100u + (uint64_t)i, 0);
+  }
+  int o0 = -1, o1 = -1;
+  psa_chunk_of(a[0], &o0);
+  psa_chunk_of(b[0], &o1);
+  if (o0 != 0 || o1 != 1)
+    exit(63);
+  if (psa_chunk_where(1, (uint64_t)psa_chunk_of(b[0], NULL)) != PSA_GPU ||
+      psa_chunk_where(1, (uint64_t)psa_chunk_of(b[3], NULL)) != PSA_HOST)
+    exit(64);
+  for (int i = 0; i < 4; i++) {
+    ps_driver.cuCtxSetCurrent(ctx0);
+    launch(check_kernel, a[i], 2 * MiB, (uint64_t)i, 0);
+    ps_driver.cuCtxSynchronize();
+    ps_driver.cuCtxSetCurrent(ctx1);
+    launch(check_kernel, b[i], 2 * MiB, 100u + (uint64_t)i, 0);
+    ps_driver.cuCtxSynchronize();
+    if (psa_free(b[i], 0, true))
+      exit(65);
+    ps_driver.cuCtxSetCurrent(ctx0);
+    if (psa_free(a[i], 0, true))
+      exit(66);
+  }
+  struct psa_stats s;
+  psa_stats_get(&s);
+  if (atomic_load(&mismatches) || s.allocs != 8 || s.live_bytes != 0 || s.gpu_budget != 8 * MiB ||
+      s.peak_host_frames != 4)
+    exit(67);
+}
+
+static void test_two_devices(void **state)
+{
+  (void)state;
+  int status = in_child(two_devices, NULL);
+  assert_int_equal(status, 0);
+}
+
 /* ---- a budget above the device stops the process with one clear line ---- */
 
 static void over_device(void *arg)
@@ -406,6 +464,7 @@ int main(void)
       cmocka_unit_test(test_both_budgets_exhausted),
       cmocka_unit_test(test_migrate_roundtrip),
       cmocka_unit_test(test_budget_above_device),
+      cmocka_unit_test(test_two_devices),
       cmocka_unit_test(test_random_programs_at_budgets),
       cmocka_unit_test(test_random_programs_with_migration),
       cmocka_unit_test(test_random_programs_slow_kernels),
