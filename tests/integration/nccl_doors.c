@@ -50,5 +50,7 @@ int main(void)
   cudaMemcpy(host, buf, sizeof host, cudaMemcpyDeviceToHost);
   CHECK("one rank's sum is the input", host[3] == 3.0f && host[200] == 200.0f);
   cudaFree(buf);
+  __typeof__(&ncclCommDestroy) destroy = (__typeof__(&ncclCommDestroy))dlsym(nccl, "ncclCommDestroy");
+  CHECK("the communicator is destroyed", destroy && destroy(comm) == ncclSuccess);
   return failures ? 1 : 0;
 }

@@ -47,6 +47,24 @@ static bool join(uint64_t budget) {
 static int churn(int rank, void *arg) {
   (void)arg;
   if (!join(BUDGET)) return 10;
+  /* First a round that contends whatever the scheduling: every rank asks for 40% of the
+   * budget and holds what it got until all four have asked, so at most two are granted. */
+  const uint64_t big = BUDGET / 5 * 2;
+  bool got = psc_host_reserve(big);
+  if (got) {
+    atomic_fetch_add(&scratch->granted, 1);
+    uint64_t now = atomic_fetch_add(&scratch->held, big) + big;
+    uint64_t peak = atomic_load(&scratch->peak);
+    while (now > peak && !atomic_compare_exchange_weak(&scratch->peak, &peak, now)) {}
+  } else {
+    atomic_fetch_add(&scratch->refused, 1);
+  }
+  atomic_fetch_add(&scratch->ready, 1);
+  wait_for(&scratch->ready, 4);
+  if (got) {
+    atomic_fetch_sub(&scratch->held, big);
+    psc_host_release(big);
+  }
   unsigned seed = (unsigned)rank * 7919u + 1;
   for (int i = 0; i < 3000; i++) {
     uint64_t bytes = (uint64_t)(rand_r(&seed) % 24 + 1) * MIB;
