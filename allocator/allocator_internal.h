@@ -88,6 +88,7 @@ struct device {
   uint32_t free_gpu, free_host; /* free-frame lists */
   uint64_t gpu_frame_limit, host_frame_limit, gpu_frames_held, host_frames_held;
   bool host_numa; /* HOST_NUMA frames work; else plain HOST */
+  bool node_budget_said;
   struct span *spans[3]; /* by where: GPU and HOST lists */
   uint64_t chunk_hint;
   struct alloc_entry *map;

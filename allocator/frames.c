@@ -3,6 +3,7 @@
  * 64 MiB on the host). Host frames are made ahead by a pool thread once GPU frames run
  * low, so spilling past the GPU budget does not stall the allocating thread. */
 #include "allocator/allocator_internal.h"
+#include "comm/comm.h"
 
 static uint32_t *free_list(struct device *d, enum psa_where w) { return w == PSA_GPU ? &d->free_gpu : &d->free_host; }
 
@@ -46,6 +47,14 @@ static uint32_t make(struct device *d, enum psa_where where)
   uint64_t *made = frames_made(d, where);
   if (*made >= *frame_limit(d, where) || d->frames_made > d->max_frames)
     return PSA_NO_FRAME;
+  /* Host frames count against the node's budget too when ranks share the node. */
+  if (where == PSA_HOST && !psc_host_reserve(d->chunk_size)) {
+    if (!d->node_budget_said)
+      ps_error("the ranks of this node hold all of PSSHIM_HOST_BUDGET (%llu MiB together): no more host frames "
+               "for this rank", (unsigned long long)(d->stats.host_budget >> 20));
+    d->node_budget_said = true;
+    return PSA_NO_FRAME;
+  }
   uint32_t id = d->frames_made++;
   (*made)++;
   d->frames_in_making[where]++;
@@ -56,6 +65,8 @@ static uint32_t make(struct device *d, enum psa_where where)
   d->frames_in_making[where]--;
   pthread_cond_broadcast(&d->frame_made);
   if (r) {
+    if (where == PSA_HOST)
+      psc_host_release(d->chunk_size);
     /* The device or host has less than the budget promised (memory used outside psshim):
      * the budget shrinks to what was made, said once. */
     (*made)--;

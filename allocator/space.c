@@ -1,5 +1,6 @@
 /* Per-device set-up: budgets, the address reservation, chunk slots, mapping. */
 #include "allocator/allocator_internal.h"
+#include "comm/comm.h"
 #include "tracer/tracer.h"
 
 #include <stdio.h>
@@ -85,6 +86,24 @@ static bool granularity_ok(struct device *d)
   return true;
 }
 
+/* Under torchrun the ranks of a node meet once: every rank must run with the same
+ * configuration (a mismatch is said in one line on every rank, which then runs on its
+ * own), and together they pin at most PSSHIM_HOST_BUDGET (comm/'s node accounting). A
+ * single process (WORLD_SIZE unset or 1) costs one getenv. */
+static void join_node(struct device *d)
+{
+  static bool joined;
+  if (joined)
+    return;
+  joined = true;
+  static const char *const policies[] = {"static", "auto"};
+  struct psc_config cfg = {.chunk_size = d->chunk_size, .gpu_budget = d->stats.gpu_budget,
+                           .host_budget = d->stats.host_budget};
+  snprintf(cfg.policy, sizeof cfg.policy, "%s", policies[ps_options.policy]);
+  if (psc_node_join(&cfg, 0) == PSC_BAD)
+    ps_log(PS_LOG_WARN, "this rank runs without the node's other ranks (see the line above)");
+}
+
 static bool setup(struct device *d, int ordinal)
 {
   d->ordinal = ordinal;
@@ -113,6 +132,7 @@ static bool setup(struct device *d, int ordinal)
   }
   for (uint64_t i = 0; i < d->nchunks; i++)
     d->chunks[i].frame = PSA_NO_FRAME;
+  join_node(d); /* before any host frame is made, so every one is counted node-wide */
   if (PS_CU(psa_frames_init(d)))
     return false;
   atomic_store(&psa_space_lo[ordinal], d->base);

@@ -74,6 +74,55 @@ iterations)
   [ "$per_it" = 16 ] || fail "$per_it launches per iteration, expected 16"
   [ "$iterations" -ge 280 ] || fail "only $iterations iterations of 300 found"
   ;;
+ranks)
+  # Two ranks of one node, started as torchrun starts them, each spilling 72 MiB of host
+  # frames (24 MiB GPU budget, 96 MiB peak).
+  native=$("$prog" 6 8 4) || fail "native run: $native"
+  two_ranks() { # case name, then settings for both ranks; RANK1_ENV adds settings for rank 1
+    local port=$((20000 + RANDOM % 30000)) name=$1 r
+    shift
+    for r in 0 1; do
+      local extra=()
+      [ $r = 1 ] && [ -n "${RANK1_ENV:-}" ] && extra=($RANK1_ENV)
+      env WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 RANK=$r LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+        PSSHIM_COMM_TIMEOUT_S=20 PSSHIM_GPU_BUDGET=24M PSSHIM_STATS="$tmp/$name.$r.json" "$@" "${extra[@]}" \
+        LD_PRELOAD="$lib" "$prog" 6 8 4 >"$tmp/$name.$r.out" 2>"$tmp/$name.$r.err" &
+      eval "pid$r=\$!"
+    done
+    wait "$pid0"; status0=$?
+    wait "$pid1"; status1=$?
+  }
+  two_ranks fits PSSHIM_HOST_BUDGET=160M
+  for r in 0 1; do
+    [ "$(eval echo \$status$r)" = 0 ] || fail "rank $r: $(cat "$tmp/fits.$r.err")"
+    [ "$(sed 's/, psshim.*//' "$tmp/fits.$r.out")" = "${native%, psshim*}" ] || fail "rank $r: results differ from native"
+    [ ! -s "$tmp/fits.$r.err" ] || fail "rank $r wrote to stderr: $(cat "$tmp/fits.$r.err")"
+  done
+  echo "two ranks within a 160 MiB node budget: both match native"
+
+  # Alone, each rank would fit its 72 MiB in 100 MiB; sharing the node, they cannot both.
+  # A rank that leaves (here, fails) hands its share back, so it is the first one to be
+  # refused that shows the budget was shared: refused below its own budget, saying why.
+  two_ranks tight PSSHIM_HOST_BUDGET=100M
+  [ $status0 != 0 ] || [ $status1 != 0 ] || fail "both ranks fit in 100 MiB: the node budget was not shared"
+  refused=$([ $status0 != 0 ] && echo 0 || echo 1)
+  grep -q "ranks of this node hold all of PSSHIM_HOST_BUDGET" "$tmp/tight.$refused.err" \
+    || fail "rank $refused failed without saying the node's budget ran out: $(cat "$tmp/tight.$refused.err")"
+  python3 - "$tmp/tight.$refused.json" <<'PY' || fail "node budget"
+import json, sys
+s = json.load(open(sys.argv[1]))
+made = s["host_frames_made"] * s["chunk_size"]
+print(f"  a 100 MiB node budget: the refused rank had made {made >> 20} MiB of host frames")
+assert made < s["host_budget"], "the rank was stopped by its own budget, not the node's"
+PY
+
+  RANK1_ENV="PSSHIM_CHUNK_SIZE=4M" two_ranks mismatch PSSHIM_HOST_BUDGET=160M
+  for r in 0 1; do
+    grep -q "PSSHIM_CHUNK_SIZE" "$tmp/mismatch.$r.err" || fail "rank $r did not name the mismatch: $(cat "$tmp/mismatch.$r.err")"
+    [ "$(eval echo \$status$r)" = 0 ] || fail "rank $r failed after the mismatch"
+  done
+  echo "a chunk-size mismatch is named on every rank: $(grep -h PSSHIM_CHUNK_SIZE "$tmp/mismatch.0.err" | head -1)"
+  ;;
 nccl)
   under_psshim PSSHIM_TRACE="$tmp/nccl.trace" "$prog" || fail "nccl doors"
   "$REPORT" "$tmp/nccl.trace" --perfetto "$tmp/nccl.json" >/dev/null || fail "psshim-report on the trace"
