@@ -53,7 +53,7 @@ static bool ensure_copy_streams(struct device *d)
   if (PS_CU(ps_driver.cuStreamCreate(&d->copy_in, CU_STREAM_NON_BLOCKING)))
     return false;
   if (PS_CU(ps_driver.cuStreamCreate(&d->copy_out, CU_STREAM_NON_BLOCKING))) {
-    ps_driver.cuStreamDestroy_v2(d->copy_in);
+    PS_CU(ps_driver.cuStreamDestroy_v2(d->copy_in));
     d->copy_in = NULL;
     return false;
   }
@@ -144,7 +144,7 @@ CUresult psa_migration_start(struct device *d, uint64_t chunk, enum psa_where to
   if (bytes < 0 || PS_CU(ps_driver.cuEventRecord(m->done, s))) {
     /* Nothing was remapped: the data is where it was. The fresh frame may still be a copy's
      * target, so it is given back only after the stream drains. */
-    ps_driver.cuStreamSynchronize(s);
+    PS_CU(ps_driver.cuStreamSynchronize(s));
     psa_frame_give(d, fresh);
     if (m)
       psa_event_put(d, m->done);

@@ -119,7 +119,7 @@ static bool setup(struct device *d, int ordinal)
   if (PS_CU(ps_driver.cuMemAddressReserve(&d->base, bytes, d->chunk_size, 0, 0)))
     return false;
   if (PS_CU(ps_driver.cuMemAddressReserve(&d->staging_base, (d->max_frames + 1) * d->chunk_size, d->chunk_size, 0, 0))) {
-    ps_driver.cuMemAddressFree(d->base, bytes);
+    PS_CU(ps_driver.cuMemAddressFree(d->base, bytes));
     return false;
   }
   d->chunks = calloc(d->nchunks, sizeof *d->chunks);

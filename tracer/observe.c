@@ -418,10 +418,17 @@ bool pst_observe_start(pst_launch_fn fn, void *user)
     trace_note("CUPTI taken by another subscriber: launches not observed");
     return false;
   }
-  for (size_t i = 0; i < sizeof launches / sizeof launches[0]; i++)
-    cupti.enable_callback(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, launches[i]);
-  for (size_t i = 0; i < sizeof transfers / sizeof transfers[0]; i++)
-    cupti.enable_callback(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, transfers[i].cbid);
+  /* A launch kind psshim cannot see would make paging unsafe: all or nothing. */
+  for (size_t i = 0; i < sizeof launches / sizeof launches[0] && r == CUPTI_SUCCESS; i++)
+    r = cupti.enable_callback(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, launches[i]);
+  for (size_t i = 0; i < sizeof transfers / sizeof transfers[0] && r == CUPTI_SUCCESS; i++)
+    r = cupti.enable_callback(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, transfers[i].cbid);
+  if (r != CUPTI_SUCCESS) {
+    ps_log(PS_LOG_WARN, "CUPTI refused a launch callback (%s): kernel launches are not observed", cupti_error(r));
+    trace_note("CUPTI refused a callback: launches not observed");
+    pst_observe_stop();
+    return false;
+  }
   return true;
 }
 
@@ -429,7 +436,10 @@ void pst_observe_stop(void)
 {
   if (!subscriber)
     return;
-  cupti.unsubscribe(subscriber);
+  atomic_store_explicit(&consumer, NULL, memory_order_release);
+  CUptiResult r = cupti.unsubscribe(subscriber);
+  if (r != CUPTI_SUCCESS)
+    ps_log(PS_LOG_WARN, "cuptiUnsubscribe failed: %s", cupti_error(r));
   subscriber = NULL;
 }
 

@@ -70,15 +70,24 @@ static void on_moment(const struct pst_launch *l, bool enter, void *user)
 static void *sample_main(void *arg)
 {
   (void)arg;
-  if (sampler_ctx)
-    ps_driver.cuCtxSetCurrent(sampler_ctx);
+  if (sampler_ctx && PS_CU(ps_driver.cuCtxSetCurrent(sampler_ctx)))
+    return NULL;
+  bool said = false;
   struct timespec period_ts = {.tv_sec = ps_options.sample_ms / 1000,
                                .tv_nsec = (long)(ps_options.sample_ms % 1000) * 1000000L};
   while (atomic_load(&sampling)) {
     struct psa_stats s;
     psa_stats_get(&s);
     size_t free_b = 0, total_b = 0;
-    ps_driver.cuMemGetInfo_v2(&free_b, &total_b); /* the real driver: psshim's door is not in the table */
+    /* The real driver's figures (psshim's door is not in the table); without them the
+     * sample carries psshim's own counts only. */
+    CUresult info = ps_driver.cuMemGetInfo_v2(&free_b, &total_b);
+    if (info != CUDA_SUCCESS) {
+      if (!said)
+        PS_CU(info);
+      said = true;
+      free_b = total_b = 0;
+    }
     uint64_t gpu = s.gpu_frames * s.chunk_size, used = total_b - free_b;
     struct pst_record r = {.type = PST_REC_SAMPLE,
                            .sample = {.gpu_chunk_bytes = gpu,
@@ -99,7 +108,8 @@ bool pst_session_start(const struct pst_trace_header *h)
   detector = psp_period_new(MAX_PERIOD, 3, 0.02);
   bool observed = pst_observe_start(on_moment, NULL);
   if (tracing) {
-    ps_driver.cuCtxGetCurrent(&sampler_ctx);
+    if (PS_CU(ps_driver.cuCtxGetCurrent(&sampler_ctx)))
+      sampler_ctx = NULL;
     atomic_store(&sampling, true);
     /* Detached: at exit it may be waiting for a lock a dying thread holds, and the
      * process must not wait for it. */
