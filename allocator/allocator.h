@@ -39,8 +39,6 @@ CUresult psa_free(CUdeviceptr p, CUstream stream, bool sync);
  * minus the bytes of live allocations. */
 void psa_mem_info(int ordinal, size_t *free_bytes, size_t *total_bytes);
 
-/* Chunk geometry, for the tracer and tests. */
-uint64_t psa_chunk_size(void);
 /* Chunk index of p on its device (and the device), or -1 when psshim does not own p. */
 int64_t psa_chunk_of(CUdeviceptr p, int *ordinal);
 /* Where chunk `chunk` of device `ordinal` lives now. */

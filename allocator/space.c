@@ -213,8 +213,6 @@ int64_t psa_chunk_of(CUdeviceptr p, int *ordinal)
   return -1;
 }
 
-uint64_t psa_chunk_size(void) { return ps_options.chunk_size; }
-
 /* First fit over chunk slots, starting at a hint so the common case is short. */
 bool psa_chunks_reserve(struct device *d, uint64_t n, uint64_t *first)
 {

@@ -443,4 +443,3 @@ void pst_observe_stop(void)
   subscriber = NULL;
 }
 
-uint64_t pst_observe_moments(void) { return atomic_load(&launch_seq); }

@@ -225,8 +225,6 @@ void pst_observe_stop(void);
  * numbered and traced at enter, then given to the consumer at enter and at exit. Works
  * for the trace even when CUPTI is not observed. */
 void pst_observe_moment(struct pst_launch *l, bool enter);
-/* Moments observed so far. */
-uint64_t pst_observe_moments(void);
 
 /* The process's observation session (session.c), started by the allocator when it sets
  * up its first device: opens PSSHIM_TRACE with header h, observes launches when tracing
