@@ -13,6 +13,7 @@
 #define PSA_NO_FRAME UINT32_MAX
 #define PSA_STREAM_UNKNOWN 63   /* streams[] size; the bit for a stream that cannot be named */
 #define PSA_MAX_MIGRATIONS 64   /* in flight at once per device */
+#define PSA_USES 8              /* recent uses remembered per chunk, to predict the next */
 
 /* Physical memory of one chunk's size, with a fixed second mapping (staging) through
  * which migration copies into it while the chunk's own addresses still point elsewhere. */
@@ -64,6 +65,8 @@ struct chunk {
   uint32_t in_flight;  /* observed launches between their enter and exit */
   uint64_t streams;    /* bit i: device streams[i] touched it since it was last remapped */
   uint64_t touches, last_use;
+  uint64_t uses[PSA_USES]; /* the latest moments that touched it (+1; 0 = empty), a ring */
+  uint32_t use_pos;
   struct migration *mig;
 };
 

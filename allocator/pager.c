@@ -286,15 +286,43 @@ static uint64_t lru_victim(struct device *d, uint64_t now)
   return v < 0 ? UINT64_MAX : ids[v];
 }
 
-/* After a launch that touched chunk on the host: bring it in for its next use, making room
- * by paging out the least recently used chunk when no GPU frame is free. */
+static uint64_t predicted_next(const struct chunk *c, uint64_t now, uint64_t period)
+{
+  return psp_predict_next(c->uses, PSA_USES, now, period);
+}
+
+/* Once the iteration's period is known: the GPU chunk whose next use comes last (OPT,
+ * predicted from each chunk's uses in the last iteration), but only if that is later than
+ * `need`, the next use of the chunk that wants its frame (Belady's condition: otherwise
+ * the swap costs two copies and gains nothing). UINT64_MAX when there is none. */
+static uint64_t opt_victim(struct device *d, uint64_t now, uint64_t period, uint64_t need)
+{
+  uint64_t best = UINT64_MAX, best_next = need;
+  for (uint64_t i = 0; i < d->nchunks; i++) {
+    struct chunk *c = &d->chunks[i];
+    if (c->frame == PSA_NO_FRAME || c->mig || c->in_flight || c->span->building ||
+        d->frames[c->frame].where != PSA_GPU)
+      continue;
+    uint64_t next = predicted_next(c, now, period);
+    if (next > best_next || (next == best_next && best != UINT64_MAX && c->last_use < d->chunks[best].last_use)) {
+      best = i;
+      best_next = next;
+    }
+  }
+  return best;
+}
+
+/* After a launch that touched chunk on the host: bring it in for its next use. Without a
+ * free GPU frame, page out a victim to make room: by OPT once the iteration's period is
+ * known, by LRU before. */
 static void promote(struct device *d, uint64_t chunk, uint64_t now)
 {
   struct chunk *c = &d->chunks[chunk];
   if (c->mig || c->in_flight || c->frame == PSA_NO_FRAME || d->frames[c->frame].where != PSA_HOST)
     return;
   if (d->free_gpu == PSA_NO_FRAME && d->stats.gpu_frames_made >= d->gpu_frame_limit) {
-    uint64_t v = lru_victim(d, now);
+    uint64_t period = pst_session_period();
+    uint64_t v = period ? opt_victim(d, now, period, predicted_next(c, now, period)) : lru_victim(d, now);
     if (v != UINT64_MAX)
       psa_migration_start(d, v, PSA_HOST); /* its frame frees when the copy is done */
     return; /* this chunk goes in at a later use, once a frame is free */
@@ -341,6 +369,7 @@ static void enter_chunk(struct device *d, uint64_t chunk, const struct pst_launc
   c->in_flight++;
   c->touches++;
   c->last_use = l->seq + 1; /* +1: 0 means never */
+  c->uses[c->use_pos++ % PSA_USES] = c->last_use;
 }
 
 static void exit_chunk(struct device *d, uint64_t chunk, const struct pst_launch *l)

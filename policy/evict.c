@@ -38,3 +38,22 @@ ptrdiff_t psp_victim_lru(uint64_t now, const psp_cand *cands, size_t n)
   }
   return best;
 }
+
+uint64_t psp_predict_next(const uint64_t *uses, size_t n, uint64_t now, uint64_t period)
+{
+  if (!period)
+    return PSP_NEVER;
+  uint64_t first = PSP_NEVER;
+  size_t within = 0;
+  for (size_t i = 0; i < n; i++)
+    if (uses[i] && uses[i] <= now && now - uses[i] < period) {
+      within++;
+      if (uses[i] < first)
+        first = uses[i];
+    }
+  if (!within)
+    return PSP_NEVER;    /* untouched for a whole iteration */
+  if (within == n)
+    return now + 1;      /* more uses per iteration than remembered: treat as always due */
+  return first + period; /* the earliest use of the last iteration, one period on */
+}

@@ -85,6 +85,13 @@ ptrdiff_t psp_victim_opt(const psp_schedule *s, uint64_t now, const psp_cand *ca
 /* LRU, for when there is no schedule: the least recently used; last_use == now is pinned. */
 ptrdiff_t psp_victim_lru(uint64_t now, const psp_cand *cands, size_t n);
 
+/* Next use of a chunk from its most recent uses alone (no schedule), assuming the run
+ * repeats with `period` moments: the earliest of the uses within the last period, plus the
+ * period. PSP_NEVER when none falls within it (or period is 0); now + 1 when all n do (a
+ * chunk used more often than remembered is treated as always due). uses may hold zeros
+ * (unused slots). */
+uint64_t psp_predict_next(const uint64_t *uses, size_t n, uint64_t now, uint64_t period);
+
 /* ---- prefetch plan ---- */
 
 typedef struct psp_plan_req {

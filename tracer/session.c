@@ -18,6 +18,7 @@ static pthread_mutex_t period_lock = PTHREAD_MUTEX_INITIALIZER;
 static psp_period *detector;
 static uint64_t fed, next_ask, next_boundary, iteration;
 static uint32_t period, candidate; /* adopted period, and the last one the detector gave */
+static _Atomic uint32_t adopted; /* period, readable without the lock */
 static pthread_t sampler;
 static _Atomic bool sampling;
 static CUcontext sampler_ctx;
@@ -38,7 +39,9 @@ static void track_iteration(const struct pst_launch *l)
      * queries in a row agree, and dropped when the stream stops being periodic. */
     if (!found) {
       period = candidate = 0;
+      atomic_store_explicit(&adopted, 0, memory_order_relaxed);
     } else if (p == candidate && p != period) {
+      atomic_store_explicit(&adopted, p, memory_order_relaxed);
       period = p;
       next_boundary = phase + p;
       while (next_boundary < fed)
@@ -131,3 +134,5 @@ void pst_session_end(void)
   detector = NULL;
   pthread_mutex_unlock(&period_lock);
 }
+
+uint64_t pst_session_period(void) { return atomic_load_explicit(&adopted, memory_order_relaxed); }

@@ -231,6 +231,9 @@ void pst_observe_moment(struct pst_launch *l, bool enter);
  * or when PSSHIM_POLICY=auto, detects the iteration period (ITERATION records), samples
  * memory every PSSHIM_SAMPLE_MS (SAMPLE records). False when launches cannot be observed. */
 bool pst_session_start(const struct pst_trace_header *h);
+/* The training iteration's length in moments (launches and transfers) once the session
+ * has found it, else 0. */
+uint64_t pst_session_period(void);
 /* Stops sampling and closes the trace; at exit (no CUPTI calls). */
 void pst_session_end(void);
 

@@ -218,6 +218,29 @@ static void test_victim_lru(void **state)
 
 static const psp_cost h200 = {.h2d = 55e9, .d2h = 55e9, .zero_copy = 51e9, .hbm = 4000e9};
 
+/* Next use from recent uses: against the truth of a strictly periodic use pattern. */
+static void test_predict_next(void **state)
+{
+  (void)state;
+  const uint64_t P = 100;
+  /* used at phases 10 and 60 of every iteration; now = phase 70 of iteration 3 */
+  uint64_t uses[4] = {310, 360, 210, 0};
+  assert_int_equal(psp_predict_next(uses, 4, 370, P), 410); /* the use at 310, one period on */
+  assert_int_equal(psp_predict_next(uses, 4, 409, P), 410);
+  assert_int_equal(psp_predict_next(uses, 4, 415, P), 460); /* past 410: 360 is the earliest within */
+  assert_int_equal(psp_predict_next(uses, 4, 470, P), PSP_NEVER); /* nothing in the last period */
+  assert_int_equal(psp_predict_next(uses, 4, 370, 0), PSP_NEVER); /* no period known */
+  uint64_t busy[4] = {366, 367, 368, 369}; /* every slot within the period: always due */
+  assert_int_equal(psp_predict_next(busy, 4, 370, P), 371);
+  /* against brute force on a periodic pattern: one use at phase k of each iteration */
+  for (uint64_t k = 0; k < P; k += 7)
+    for (uint64_t now = 2 * P; now < 4 * P; now += 3) {
+      uint64_t last = (now / P) * P + k <= now ? (now / P) * P + k : (now / P - 1) * P + k;
+      uint64_t ring[4] = {last, last - P, last - 2 * P, 0};
+      assert_int_equal(psp_predict_next(ring, 4, now, P), last + P);
+    }
+}
+
 static void test_cost(void **state)
 {
   (void)state;
@@ -243,7 +266,7 @@ int main(void)
       cmocka_unit_test(test_build),          cmocka_unit_test(test_next_use_wraps),
       cmocka_unit_test(test_next_use_brute), cmocka_unit_test(test_margin_brute),
       cmocka_unit_test(test_victim_opt),     cmocka_unit_test(test_victim_lru),
-      cmocka_unit_test(test_cost),
+      cmocka_unit_test(test_cost),           cmocka_unit_test(test_predict_next),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
