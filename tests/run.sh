@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every test: a normal build (gcc) and a sanitizer build (clang, ASan+UBSan), each
-# running `meson test` (cmocka unit tests, fake-driver integration tests).
+# running `meson test` (cmocka unit tests, fake-driver integration tests); then the unit
+# tests of the allocator, options, policy, tracer and report again under valgrind.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 .ci/install-deps
@@ -14,3 +15,8 @@ run() { # name, then meson setup options
 }
 run build
 CC=clang run build-sanitize -Db_sanitize=address,undefined -Db_lundef=false
+# Not the tests that kill or time processes on purpose (valgrind is 50x slower), nor the
+# ones that run whole programs under LD_PRELOAD (those run sanitized above).
+meson test -C build --no-rebuild --print-errorlogs --num-processes "$jobs" \
+  --wrapper "valgrind -q --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite --suppressions=$PWD/tests/valgrind.supp" \
+  options policy 'policy sim' 'policy period' trace_roundtrip trace_damage report observe 'driver table' allocator

@@ -102,7 +102,9 @@ static void test_pointer_positions(void **state)
   assert_int_equal(cuLaunchKernel(plain, 1, 1, 1, 1, 1, 1, 0, 0, plain_args, NULL), CUDA_SUCCESS);
 
   /* a struct by value: {int n; uint64 p; int m; uint64 q; uint64 host} */
-  struct by_value { int n; CUdeviceptr p; int m; CUdeviceptr q; uint64_t host; } sv = {1, b, 2, big + MiB, (uint64_t)(uintptr_t)&k};
+  struct by_value { int n; CUdeviceptr p; int m; CUdeviceptr q; uint64_t host; } sv;
+  memset(&sv, 0, sizeof sv); /* defined padding: the scan reads every byte of a parameter */
+  sv = (struct by_value){1, b, 2, big + MiB, (uint64_t)(uintptr_t)&k};
   size_t struct_sizes[] = {4, sizeof sv};
   CUfunction in_struct = fakecuda_register_kernel("in_struct", nop, NULL, 2, struct_sizes);
   void *struct_args[] = {&k, &sv};
