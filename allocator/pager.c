@@ -368,6 +368,10 @@ static void enter_chunk(struct device *d, uint64_t chunk, const struct pst_launc
     psa_migration_settle(d, chunk, PSA_SETTLE_FOR_TOUCH);
   c->in_flight++;
   c->touches++;
+  if (c->frame != PSA_NO_FRAME && d->frames[c->frame].where == PSA_HOST)
+    d->stats.touches_host++;
+  else
+    d->stats.touches_gpu++;
   c->last_use = l->seq + 1; /* +1: 0 means never */
   c->uses[c->use_pos++ % PSA_USES] = c->last_use;
 }
