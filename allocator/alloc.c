@@ -38,11 +38,6 @@ static struct span *carve_in(struct device *d, enum psa_where w, uint64_t size, 
   return best;
 }
 
-static bool gpu_frame_available(struct device *d)
-{
-  return d->free_gpu != PSA_NO_FRAME || d->stats.gpu_frames_made < d->gpu_frame_limit;
-}
-
 /* Static placement: room in GPU spans, then a new span (GPU frames while the budget
  * lasts), then room in host spans, then a new span of whatever frames are left. */
 static struct span *place(struct device *d, uint64_t size, CUstream stream, uint64_t *off)
@@ -51,7 +46,7 @@ static struct span *place(struct device *d, uint64_t size, CUstream stream, uint
   if (s)
     return s;
   uint64_t nchunks = (size + d->chunk_size - 1) / d->chunk_size;
-  if (!gpu_frame_available(d) && (s = carve_in(d, PSA_HOST, size, stream, off)))
+  if (!psa_gpu_frame_available(d) && (s = carve_in(d, PSA_HOST, size, stream, off)))
     return s;
   s = psa_span_new(d, nchunks);
   if (s)

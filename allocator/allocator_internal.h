@@ -169,6 +169,12 @@ bool psa_map_put(struct device *d, CUdeviceptr p, uint64_t size, struct span *s)
 struct alloc_entry *psa_map_find(struct device *d, CUdeviceptr p);
 void psa_map_remove(struct alloc_entry *e);
 
+/* A GPU frame can be had without taking one back: one is free, or the budget allows another. */
+static inline bool psa_gpu_frame_available(const struct device *d)
+{
+  return d->free_gpu != PSA_NO_FRAME || d->stats.gpu_frames_made < d->gpu_frame_limit;
+}
+
 static inline uint64_t psa_round_up(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
 
 #endif

@@ -268,6 +268,13 @@ void psa_migrations_poll(struct device *d)
 
 /* ---- decisions (PSSHIM_POLICY=auto) ---- */
 
+/* A chunk on a GPU frame that may be paged out now. */
+static bool evictable(const struct device *d, const struct chunk *c)
+{
+  return c->frame != PSA_NO_FRAME && !c->mig && !c->in_flight && !c->span->building &&
+         d->frames[c->frame].where == PSA_GPU;
+}
+
 /* The least recently used GPU chunk that may move now, or UINT64_MAX. */
 static uint64_t lru_victim(struct device *d, uint64_t now)
 {
@@ -276,8 +283,7 @@ static uint64_t lru_victim(struct device *d, uint64_t now)
   size_t n = 0;
   for (uint64_t i = 0; i < d->nchunks; i++) {
     struct chunk *c = &d->chunks[i];
-    if (c->frame == PSA_NO_FRAME || c->mig || c->in_flight || c->span->building ||
-        d->frames[c->frame].where != PSA_GPU)
+    if (!evictable(d, c))
       continue;
     cands[n] = (psp_cand){.chunk = (uint32_t)i, .bytes = d->chunk_size, .last_use = c->last_use, .dirty = true};
     ids[n++] = i;
@@ -300,8 +306,7 @@ static uint64_t opt_victim(struct device *d, uint64_t now, uint64_t period, uint
   uint64_t best = UINT64_MAX, best_next = need;
   for (uint64_t i = 0; i < d->nchunks; i++) {
     struct chunk *c = &d->chunks[i];
-    if (c->frame == PSA_NO_FRAME || c->mig || c->in_flight || c->span->building ||
-        d->frames[c->frame].where != PSA_GPU)
+    if (!evictable(d, c))
       continue;
     uint64_t next = predicted_next(c, now, period);
     if (next > best_next || (next == best_next && best != UINT64_MAX && c->last_use < d->chunks[best].last_use)) {
@@ -320,7 +325,7 @@ static void promote(struct device *d, uint64_t chunk, uint64_t now)
   struct chunk *c = &d->chunks[chunk];
   if (c->mig || c->in_flight || c->frame == PSA_NO_FRAME || d->frames[c->frame].where != PSA_HOST)
     return;
-  if (d->free_gpu == PSA_NO_FRAME && d->stats.gpu_frames_made >= d->gpu_frame_limit) {
+  if (!psa_gpu_frame_available(d)) {
     uint64_t period = pst_session_period();
     uint64_t v = period ? opt_victim(d, now, period, predicted_next(c, now, period)) : lru_victim(d, now);
     if (v != UINT64_MAX)

@@ -32,9 +32,7 @@ static CUresult serve_alloc(CUdeviceptr *dptr, size_t size, CUstream stream)
   return psa_alloc(ordinal, size, stream, dptr);
 }
 
-/* Only the device's current pool is served: a pool the program made has properties
- * (IPC export, host location) psshim's chunks would not honour. */
-static bool pool_is_current(CUmemoryPool pool)
+bool ps_pool_is_current(CUmemoryPool pool)
 {
   int ordinal;
   CUmemoryPool current = NULL;
@@ -77,7 +75,7 @@ PS_DEFAULT_VISIBILITY CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream
 PS_DEFAULT_VISIBILITY CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                                        CUstream hStream)
 {
-  CUresult r = dptr && ps_active() && pool_is_current(pool) ? serve_alloc(dptr, bytesize, hStream) : CUDA_ERROR_NOT_SUPPORTED;
+  CUresult r = dptr && ps_active() && ps_pool_is_current(pool) ? serve_alloc(dptr, bytesize, hStream) : CUDA_ERROR_NOT_SUPPORTED;
   if (r != CUDA_ERROR_NOT_SUPPORTED)
     return r;
   return ps_driver_load() ? ps_driver.cuMemAllocFromPoolAsync(dptr, bytesize, pool, hStream) : CUDA_ERROR_NOT_INITIALIZED;
@@ -107,7 +105,7 @@ PS_DEFAULT_VISIBILITY CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hS
 PS_DEFAULT_VISIBILITY CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                                             CUstream hStream)
 {
-  CUresult r = dptr && ps_active() && pool_is_current(pool) ? serve_alloc(dptr, bytesize, per_thread(hStream))
+  CUresult r = dptr && ps_active() && ps_pool_is_current(pool) ? serve_alloc(dptr, bytesize, per_thread(hStream))
                                                            : CUDA_ERROR_NOT_SUPPORTED;
   if (r != CUDA_ERROR_NOT_SUPPORTED)
     return r;

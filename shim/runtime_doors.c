@@ -99,14 +99,11 @@ PS_DEFAULT_VISIBILITY cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t hStre
   return real_cudaFreeAsync ? real_cudaFreeAsync(devPtr, hStream) : cudaErrorInitializationError;
 }
 
-/* Only the device's current pool is served (see the driver door of the same name). */
+/* The runtime's pool check: a context as the runtime would make it, then the driver's. */
 static bool runtime_pool_is_current(cudaMemPool_t pool)
 {
   int ordinal;
-  cudaMemPool_t current = NULL;
-  REAL(cudaDeviceGetMemPool);
-  return real_cudaDeviceGetMemPool && runtime_device(&ordinal) &&
-         real_cudaDeviceGetMemPool(&current, ordinal) == cudaSuccess && current == pool;
+  return runtime_device(&ordinal) && ps_pool_is_current((CUmemoryPool)pool);
 }
 
 PS_DEFAULT_VISIBILITY cudaError_t cudaMallocFromPoolAsync(void **ptr, size_t size, cudaMemPool_t memPool,

@@ -11,6 +11,11 @@ bool ps_active(void);
  * loaded privately with RTLD_LOCAL). NULL when there is none. */
 void *ps_next_symbol(const char *name, const char *const *sonames);
 
+/* pool is the current memory pool of the current context's device: the only pool psshim
+ * serves (a pool the program made has properties, IPC export or a host location, that
+ * psshim's chunks would not honour). cudaMemPool_t is the same handle. */
+bool ps_pool_is_current(CUmemoryPool pool);
+
 /* The device of the calling thread's current context; false when there is none. */
 bool ps_current_device(int *ordinal);
 
