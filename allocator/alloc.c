@@ -204,11 +204,10 @@ CUresult psa_chunk_migrate(int ordinal, uint64_t chunk, enum psa_where to)
   pthread_mutex_lock(&d->lock);
   CUresult r = CUDA_ERROR_INVALID_VALUE;
   if (chunk < d->nchunks && d->chunks[chunk].frame != PSA_NO_FRAME) {
-    if (d->chunks[chunk].mig)
-      psa_migration_settle(d, chunk, PSA_SETTLE_FINISH);
-    r = d->frames[d->chunks[chunk].frame].where == to ? CUDA_SUCCESS : psa_migration_start(d, chunk, to);
-    if (r == CUDA_SUCCESS && d->chunks[chunk].mig)
-      psa_migration_settle(d, chunk, PSA_SETTLE_FINISH);
+    psa_copy_done(d, chunk, true);
+    r = d->frames[d->chunks[chunk].frame].where == to ? CUDA_SUCCESS : psa_move(d, chunk, to);
+    psa_copy_done(d, chunk, true);
+    psa_moves_poll(d);
   }
   pthread_mutex_unlock(&d->lock);
   return r;

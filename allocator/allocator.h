@@ -71,7 +71,8 @@ struct psa_stats {
   uint64_t gpu_frames_made, host_frames_made;
   uint64_t mapped_chunk_bytes;          /* chunks mapped now */
   uint64_t mapped_at_peak;              /* chunks mapped when live bytes peaked: the fill ratio */
-  uint64_t migrations_to_gpu, migrations_to_host, bytes_h2d, bytes_d2h, migrations_cancelled;
+  uint64_t migrations_to_gpu, migrations_to_host, bytes_h2d, bytes_d2h;
+  uint64_t copy_waits; /* launches that found a move's copy running and waited for it on their stream */
   uint64_t touches_gpu, touches_host; /* observed chunk touches served from each kind of frame (auto) */
   uint64_t gpu_budget, host_budget, chunk_size;
 };

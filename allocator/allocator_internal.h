@@ -11,8 +11,8 @@
 #include <stdatomic.h>
 
 #define PSA_NO_FRAME UINT32_MAX
-#define PSA_STREAM_UNKNOWN 63   /* streams[] size; the bit for a stream that cannot be named */
-#define PSA_MAX_MIGRATIONS 64   /* in flight at once per device */
+#define PSA_MAX_MIGRATIONS 64   /* moves whose copies are in flight at once per device */
+#define PSA_USER_MARKS 4        /* streams whose use of a chunk is tracked at once */
 #define PSA_USES 8              /* recent uses remembered per chunk, to predict the next */
 
 /* Physical memory of one chunk's size, with a fixed second mapping (staging) through
@@ -44,18 +44,20 @@ struct span {
   struct span *prev, *next; /* in its device's list for `where` */
 };
 
-/* A copy to another frame, not yet remapped (pager.c). */
-struct migration {
-  uint32_t frame;        /* the target frame */
-  enum psa_where to;
-  CUevent done;          /* recorded on the copy stream after the copy */
-  uint64_t touches_at_start, bytes, start_ns;
+/* A point in one stream's work, shared (counted) by everything waiting to know it has
+ * passed: a launch's chunks, a move's chunk and old frame (pager.c). */
+struct psa_mark {
+  CUevent event;
+  CUstream stream;
+  uint32_t refs;
+  bool done;                /* the event was seen complete */
+  struct psa_mark *next_free;
 };
 
-/* The target frame of a cancelled migration, free once its copy is done. */
+/* A frame that becomes free once the copy out of it has completed. */
 struct deferred_frame {
   uint32_t frame;
-  CUevent done;
+  struct psa_mark *copy;
 };
 
 struct chunk {
@@ -63,11 +65,12 @@ struct chunk {
   struct span *span;
   /* paging: see pager.c */
   uint32_t in_flight;  /* observed launches between their enter and exit */
-  uint64_t streams;    /* bit i: device streams[i] touched it since it was last remapped */
-  uint64_t touches, last_use;
+  struct psa_mark *users[PSA_USER_MARKS]; /* after the launches that touched it, by stream */
+  uint32_t nusers;
+  struct psa_mark *copy; /* its last move's copy, until seen complete */
+  uint64_t last_use;
   uint64_t uses[PSA_USES]; /* the latest moments that touched it (+1; 0 = empty), a ring */
   uint32_t use_pos;
-  struct migration *mig;
 };
 
 struct alloc_entry {
@@ -106,13 +109,14 @@ struct device {
   bool pool_running;
   uint32_t pool_target;
   /* paging */
-  CUstream streams[PSA_STREAM_UNKNOWN];
-  uint32_t nstreams;
   CUstream copy_in, copy_out;
-  uint64_t migrating[PSA_MAX_MIGRATIONS];
-  uint32_t nmigrating;
+  uint64_t copying[PSA_MAX_MIGRATIONS]; /* chunks whose move's copy is in flight */
+  uint32_t ncopying;
   struct deferred_frame deferred[PSA_MAX_MIGRATIONS];
   uint32_t ndeferred;
+  struct psa_mark *free_marks;
+  struct psa_mark **recent; /* marks of the latest PSSHIM_RUNAHEAD launches, a ring */
+  uint32_t recent_pos;
   uint64_t reserved_high, used_high; /* since the last psa_usage_reset_high */
   psp_cand *cands; /* scratch for victim choice, one per chunk */
   uint64_t *cand_chunks;
@@ -153,16 +157,13 @@ CUevent psa_event_get(struct device *d);
 void psa_event_put(struct device *d, CUevent e);
 
 /* pager.c (called with d->lock held) */
-/* Starts copying a quiescent chunk to a frame of `to`; CUDA_ERROR_NOT_READY when it cannot
- * start now (in flight, migrating, too many migrations), OUT_OF_MEMORY without a frame. */
-CUresult psa_migration_start(struct device *d, uint64_t chunk, enum psa_where to);
-/* Finishes (remaps) or cancels the chunk's migration. POLL: finish if the copy is done,
- * else return false. FOR_TOUCH (a launch is about to touch it): finish a page-in whose
- * copy is done, cancel anything else (no waiting). FINISH: wait and finish either way. A migration whose
- * chunk was touched since it started is always cancelled. */
-enum psa_settle { PSA_SETTLE_POLL, PSA_SETTLE_FOR_TOUCH, PSA_SETTLE_FINISH };
-bool psa_migration_settle(struct device *d, uint64_t chunk, enum psa_settle how);
-void psa_migrations_poll(struct device *d);
+/* Moves a chunk no launch is using onto a frame of `to` (see pager.c); NOT_READY when it
+ * is busy or too many copies are in flight, OUT_OF_MEMORY without a frame. */
+CUresult psa_move(struct device *d, uint64_t chunk, enum psa_where to);
+/* True once the chunk's last move's copy has completed (sync: wait for it). */
+bool psa_copy_done(struct device *d, uint64_t chunk, bool sync);
+/* Frees what completed copies held: marks, and frames moved away from. */
+void psa_moves_poll(struct device *d);
 
 /* alloc_map.c */
 bool psa_map_put(struct device *d, CUdeviceptr p, uint64_t size, struct span *s);

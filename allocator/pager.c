@@ -1,18 +1,20 @@
 /* Paging: moving chunks between GPU and host frames while kernels run (PSSHIM_POLICY=auto).
  *
- * The protocol, which never races a kernel (cuMemUnmap does not wait for kernels):
- * - Every observed launch brackets its chunks: at enter they are "in flight" (no migration
- *   may start) and a pending migration of theirs is resolved first; at exit the launch's
- *   stream is noted on each chunk.
- * - A migration starts only for a chunk with no launch in flight. The copy stream waits for
- *   events recorded just then on every stream that touched the chunk, copies the live
- *   ranges between the two frames' staging mappings, and records `done`.
- * - It finishes (remap) once `done` has completed and no launch touched the chunk since it
- *   started; a launch that touches it first resolves it: a page-in is waited for and
- *   finished before the launch is enqueued, a page-out is cancelled (the GPU frame still
- *   holds the data).
- * Decisions (which chunk, when) come from policy/: least recently used victims, and chunks
- * touched on the host promoted on their next use. Correctness never depends on them. */
+ * The protocol, which never races a kernel (cuMemUnmap does not wait for kernels) and never
+ * makes the host wait for the GPU:
+ * - Every observed launch brackets its chunks: between its enter and exit they are "in
+ *   flight"; after it is enqueued, a mark (an event) recorded behind it on its stream is
+ *   kept on each chunk it touched, one per stream.
+ * - A chunk moves only when it is quiescent: no launch in flight and every mark passed, so
+ *   no enqueued work can touch its addresses. Then, at once: its live ranges are copied
+ *   between the two frames' fixed staging mappings on a copy stream, its addresses are
+ *   remapped onto the new frame, and its old frame waits on the deferred list until the
+ *   copy is done.
+ * - A launch that touches the chunk before its copy is seen complete makes its stream wait
+ *   for the copy (a stream wait, not a host wait): kernels always find the data in place.
+ * Decisions (which chunk, when) come from policy/: from the iteration's period, chunks in
+ * host frames that will be used soonest are fetched into free GPU frames, or into the frames
+ * of GPU chunks used later (OPT on predicted next uses). Correctness never depends on them. */
 #include "allocator/allocator_internal.h"
 #include "policy/policy.h"
 #include "tracer/tracer.h"
@@ -21,6 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#define PLAN_EVERY 8 /* launches between prefetch plans: each scans every chunk */
 
 static _Atomic bool paging_off; /* see stop_paging */
 
@@ -31,20 +35,84 @@ static uint64_t now_ns(void)
   return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
 }
 
-/* Index of stream s in the device's table, or PSA_STREAM_UNKNOWN when it cannot be named
- * from another thread (the per-thread default stream) or the table is full. */
-static uint32_t stream_index(struct device *d, CUstream s)
+/* ---- marks ---- */
+
+/* A mark recorded now on stream s, or NULL. */
+static struct psa_mark *mark_new(struct device *d, CUstream s)
 {
-  if (s == CU_STREAM_PER_THREAD)
-    return PSA_STREAM_UNKNOWN;
-  for (uint32_t i = 0; i < d->nstreams; i++)
-    if (d->streams[i] == s)
-      return i;
-  if (d->nstreams == PSA_STREAM_UNKNOWN)
-    return PSA_STREAM_UNKNOWN;
-  d->streams[d->nstreams] = s;
-  return d->nstreams++;
+  struct psa_mark *m = d->free_marks;
+  if (m)
+    d->free_marks = m->next_free;
+  else if (!(m = calloc(1, sizeof *m)))
+    return NULL;
+  *m = (struct psa_mark){.event = psa_event_get(d), .stream = s, .refs = 1};
+  if (!m->event || PS_CU(ps_driver.cuEventRecord(m->event, s))) {
+    psa_event_put(d, m->event);
+    m->next_free = d->free_marks;
+    d->free_marks = m;
+    return NULL;
+  }
+  return m;
 }
+
+static void mark_put(struct device *d, struct psa_mark *m)
+{
+  if (!m || --m->refs)
+    return;
+  psa_event_put(d, m->event);
+  m->next_free = d->free_marks;
+  d->free_marks = m;
+}
+
+/* Whether the work before the mark has completed (sync: wait for it). */
+static bool mark_passed(struct psa_mark *m, bool sync)
+{
+  if (m->done)
+    return true;
+  CUresult r = sync ? ps_driver.cuEventSynchronize(m->event) : ps_driver.cuEventQuery(m->event);
+  if (r == CUDA_ERROR_NOT_READY)
+    return false;
+  if (r != CUDA_SUCCESS && !sync)
+    PS_CU(ps_driver.cuEventSynchronize(m->event)); /* an error: be sure the work is over */
+  m->done = true;
+  return true;
+}
+
+/* Drops the chunk's marks that have passed; true when none is left (sync: wait for all). */
+static bool users_passed(struct device *d, struct chunk *c, bool sync)
+{
+  for (uint32_t i = 0; i < c->nusers;)
+    if (mark_passed(c->users[i], sync)) {
+      mark_put(d, c->users[i]);
+      c->users[i] = c->users[--c->nusers];
+    } else {
+      i++;
+    }
+  return c->nusers == 0;
+}
+
+/* Keeps launch mark m on the chunk. A later mark on the same stream stands for an earlier
+ * one, except on the per-thread default stream, whose handle names a different stream on
+ * every thread. */
+static void add_user(struct device *d, struct chunk *c, struct psa_mark *m)
+{
+  for (uint32_t i = 0; i < c->nusers; i++)
+    if (c->users[i]->stream == m->stream && m->stream != CU_STREAM_PER_THREAD) {
+      mark_put(d, c->users[i]);
+      c->users[i] = m;
+      m->refs++;
+      return;
+    }
+  if (c->nusers == PSA_USER_MARKS && !users_passed(d, c, false) && c->nusers == PSA_USER_MARKS) {
+    /* More streams at once than tracked (rare): wait for the oldest. */
+    mark_passed(c->users[0], true);
+    users_passed(d, c, false);
+  }
+  c->users[c->nusers++] = m;
+  m->refs++;
+}
+
+/* ---- moves ---- */
 
 static bool ensure_copy_streams(struct device *d)
 {
@@ -56,23 +124,6 @@ static bool ensure_copy_streams(struct device *d)
     PS_CU(ps_driver.cuStreamDestroy_v2(d->copy_in));
     d->copy_in = NULL;
     return false;
-  }
-  return true;
-}
-
-/* Orders `copy` after all work enqueued so far on the streams that touched chunk c. */
-static bool wait_for_users(struct device *d, struct chunk *c, CUstream copy)
-{
-  if (c->streams & (1ull << PSA_STREAM_UNKNOWN))
-    return ps_driver.cuCtxSynchronize() == CUDA_SUCCESS;
-  for (uint32_t i = 0; i < d->nstreams; i++) {
-    if (!(c->streams & (1ull << i)))
-      continue;
-    CUevent e = psa_event_get(d);
-    bool ok = e && !PS_CU(ps_driver.cuEventRecord(e, d->streams[i])) && !PS_CU(ps_driver.cuStreamWaitEvent(copy, e, 0));
-    psa_event_put(d, e); /* the wait captured the event's state: it may be reused */
-    if (!ok)
-      return false;
   }
   return true;
 }
@@ -97,251 +148,247 @@ static int64_t copy_live_async(struct device *d, uint64_t chunk, uint32_t from, 
   return (int64_t)copied;
 }
 
-static void trace_migration(const struct migration *m, uint64_t chunk, uint16_t reason)
+static void trace_move(uint64_t chunk, enum psa_where to, uint64_t bytes, uint64_t start_ns)
 {
   if (!pst_trace_enabled())
     return;
   struct pst_record r = {.type = PST_REC_MIGRATION,
-                         .migration = {.chunk = (uint32_t)chunk,
-                                       .direction = m->to == PSA_GPU ? PST_DIR_H2D : PST_DIR_D2H,
-                                       .reason = reason, .bytes = m->bytes, .start_ns = m->start_ns,
-                                       .end_ns = now_ns()}};
+                         .migration = {.chunk = (uint32_t)chunk, .direction = to == PSA_GPU ? PST_DIR_H2D : PST_DIR_D2H,
+                                       .reason = to == PSA_GPU ? PST_REASON_PREFETCH : PST_REASON_EVICT,
+                                       .bytes = bytes, .start_ns = start_ns, .end_ns = now_ns()}};
   pst_trace_emit(&r);
 }
 
-static void drop_migration(struct device *d, uint64_t chunk)
+/* A frame that frees once the copy out of it is done. Without room on the list, waits. */
+static void give_after(struct device *d, uint32_t frame, struct psa_mark *copy)
 {
-  struct chunk *c = &d->chunks[chunk];
-  psa_event_put(d, c->mig->done);
-  free(c->mig);
-  c->mig = NULL;
-  for (uint32_t i = 0; i < d->nmigrating; i++)
-    if (d->migrating[i] == chunk) {
-      d->migrating[i] = d->migrating[--d->nmigrating];
-      break;
-    }
+  if (d->ndeferred == PSA_MAX_MIGRATIONS) {
+    mark_passed(copy, true);
+    psa_frame_give(d, frame);
+    return;
+  }
+  copy->refs++;
+  d->deferred[d->ndeferred++] = (struct deferred_frame){.frame = frame, .copy = copy};
 }
 
-CUresult psa_migration_start(struct device *d, uint64_t chunk, enum psa_where to)
+/* Whether a move of the chunk may start now. */
+static bool movable(struct device *d, uint64_t chunk)
 {
   struct chunk *c = &d->chunks[chunk];
-  if (c->frame == PSA_NO_FRAME || c->mig || c->in_flight || d->frames[c->frame].where == to)
-    return CUDA_ERROR_INVALID_VALUE;
-  if (d->nmigrating == PSA_MAX_MIGRATIONS || !ensure_copy_streams(d))
-    return CUDA_ERROR_NOT_READY;
-  uint32_t from = c->frame, fresh = psa_frame_take(d, to);
-  if (fresh == PSA_NO_FRAME)
-    return CUDA_ERROR_OUT_OF_MEMORY;
-  if (c->frame != from || c->mig || c->in_flight) { /* taking a frame may drop the lock */
-    psa_frame_give(d, fresh);
-    return CUDA_ERROR_NOT_READY;
+  return c->frame != PSA_NO_FRAME && !c->in_flight && !c->span->building && psa_copy_done(d, chunk, false) &&
+         users_passed(d, c, false);
+}
+
+/* Moves a quiescent chunk onto frame `to` (taken by the caller; given back on failure):
+ * the copy on its direction's stream, after `after` when not NULL (the copy out of that
+ * frame), then the remap. Returns the old frame, whose copy-out is c->copy, or
+ * PSA_NO_FRAME on failure (the chunk is where it was). */
+static uint32_t move_onto(struct device *d, uint64_t chunk, uint32_t to, struct psa_mark *after)
+{
+  struct chunk *c = &d->chunks[chunk];
+  uint32_t from = c->frame;
+  enum psa_where where = d->frames[to].where;
+  CUstream s = where == PSA_GPU ? d->copy_in : d->copy_out;
+  uint64_t start = now_ns();
+  if (after && !after->done && PS_CU(ps_driver.cuStreamWaitEvent(s, after->event, 0)))
+    mark_passed(after, true);
+  int64_t bytes = copy_live_async(d, chunk, from, to, s);
+  struct psa_mark *copy = bytes < 0 ? NULL : mark_new(d, s);
+  CUdeviceptr va = d->base + chunk * d->chunk_size;
+  if (copy && !PS_CU(ps_driver.cuMemUnmap(va, d->chunk_size))) {
+    if (psa_map(d, va, d->frames[to].handle) == CUDA_SUCCESS) {
+      c->frame = to;
+      c->copy = copy;
+      d->copying[d->ncopying++] = chunk;
+      psa_span_relist(d, c->span);
+      if (where == PSA_GPU) {
+        d->stats.migrations_to_gpu++;
+        d->stats.bytes_h2d += (uint64_t)bytes;
+      } else {
+        d->stats.migrations_to_host++;
+        d->stats.bytes_d2h += (uint64_t)bytes;
+      }
+      psa_trace_chunk(d, chunk, where == PSA_GPU ? PST_CHUNK_FRAME_GPU : PST_CHUNK_FRAME_HOST);
+      trace_move(chunk, where, (uint64_t)bytes, start);
+      return from;
+    }
+    if (psa_map(d, va, d->frames[from].handle)) /* back onto the frame that holds the data */
+      ps_error("chunk %llu of device %d could not be remapped: its data is unreachable", (unsigned long long)chunk,
+               d->ordinal);
   }
-  struct migration *m = calloc(1, sizeof *m);
-  CUstream s = to == PSA_GPU ? d->copy_in : d->copy_out;
-  int64_t bytes = -1;
-  if (m && (m->done = psa_event_get(d)) && wait_for_users(d, c, s))
-    bytes = copy_live_async(d, chunk, from, fresh, s);
-  if (bytes < 0 || PS_CU(ps_driver.cuEventRecord(m->done, s))) {
-    /* Nothing was remapped: the data is where it was. The fresh frame may still be a copy's
-     * target, so it is given back only after the stream drains. */
-    PS_CU(ps_driver.cuStreamSynchronize(s));
-    psa_frame_give(d, fresh);
-    if (m)
-      psa_event_put(d, m->done);
-    free(m);
-    return CUDA_ERROR_UNKNOWN;
-  }
-  m->frame = fresh;
-  m->to = to;
-  m->touches_at_start = c->touches;
-  m->bytes = (uint64_t)bytes;
-  m->start_ns = now_ns();
-  c->mig = m;
-  d->migrating[d->nmigrating++] = chunk;
+  /* Nothing moved. The new frame may still be a copy's target: it frees after the stream. */
+  PS_CU(ps_driver.cuStreamSynchronize(s));
+  psa_frame_give(d, to);
+  mark_put(d, copy);
+  return PSA_NO_FRAME;
+}
+
+static CUresult move_checks(struct device *d, uint64_t chunk)
+{
+  if (!movable(d, chunk))
+    return CUDA_ERROR_NOT_READY;
+  if (d->ncopying == PSA_MAX_MIGRATIONS || !ensure_copy_streams(d))
+    return CUDA_ERROR_NOT_READY;
   return CUDA_SUCCESS;
 }
 
-/* Remaps a chunk whose copy has completed and that nothing touched since it started. */
-static void finish(struct device *d, uint64_t chunk)
+CUresult psa_move(struct device *d, uint64_t chunk, enum psa_where to)
 {
-  struct chunk *c = &d->chunks[chunk];
-  struct migration *m = c->mig;
-  CUdeviceptr va = d->base + chunk * d->chunk_size;
-  uint32_t from = c->frame;
-  if (PS_CU(ps_driver.cuMemUnmap(va, d->chunk_size)) || psa_map(d, va, d->frames[m->frame].handle)) {
-    /* Back onto the frame that still holds the data. */
-    if (psa_map(d, va, d->frames[from].handle))
-      ps_error("chunk %llu of device %d could not be remapped: its data is unreachable", (unsigned long long)chunk,
-               d->ordinal);
-    psa_frame_give(d, m->frame);
-    drop_migration(d, chunk);
+  if (chunk >= d->nchunks || d->chunks[chunk].frame == PSA_NO_FRAME || d->frames[d->chunks[chunk].frame].where == to)
+    return CUDA_ERROR_INVALID_VALUE;
+  CUresult r = move_checks(d, chunk);
+  if (r)
+    return r;
+  uint32_t fresh = psa_frame_take(d, to);
+  if (fresh == PSA_NO_FRAME)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  if (!movable(d, chunk)) { /* taking a frame may drop the lock */
+    psa_frame_give(d, fresh);
+    return CUDA_ERROR_NOT_READY;
+  }
+  uint32_t old = move_onto(d, chunk, fresh, NULL);
+  if (old == PSA_NO_FRAME)
+    return CUDA_ERROR_UNKNOWN;
+  give_after(d, old, d->chunks[chunk].copy);
+  return CUDA_SUCCESS;
+}
+
+/* Swaps a host chunk in for a GPU victim, both quiescent: the victim moves to a new host
+ * frame, and the chunk onto the victim's GPU frame once the victim's copy out of it is
+ * done (ordered on the copy streams, no host wait). */
+static void swap_in(struct device *d, uint64_t chunk, uint64_t victim)
+{
+  if (move_checks(d, chunk) || move_checks(d, victim) || d->ncopying + 2 > PSA_MAX_MIGRATIONS)
+    return;
+  uint32_t host = psa_frame_take(d, PSA_HOST);
+  if (host == PSA_NO_FRAME)
+    return;
+  if (!movable(d, chunk) || !movable(d, victim)) { /* taking a frame may drop the lock */
+    psa_frame_give(d, host);
     return;
   }
-  c->frame = m->frame;
-  c->streams = 0; /* every earlier user finished before the copy did */
-  psa_frame_give(d, from);
-  psa_span_relist(d, c->span);
-  if (m->to == PSA_GPU) {
-    d->stats.migrations_to_gpu++;
-    d->stats.bytes_h2d += m->bytes;
-  } else {
-    d->stats.migrations_to_host++;
-    d->stats.bytes_d2h += m->bytes;
-  }
-  psa_trace_chunk(d, chunk, m->to == PSA_GPU ? PST_CHUNK_FRAME_GPU : PST_CHUNK_FRAME_HOST);
-  trace_migration(m, chunk, m->to == PSA_GPU ? PST_REASON_PREFETCH : PST_REASON_EVICT);
-  drop_migration(d, chunk);
+  uint32_t gpu = move_onto(d, victim, host, NULL);
+  if (gpu == PSA_NO_FRAME)
+    return;
+  uint32_t old = move_onto(d, chunk, gpu, d->chunks[victim].copy);
+  if (old != PSA_NO_FRAME)
+    give_after(d, old, d->chunks[chunk].copy);
 }
 
-/* Abandons a migration: the chunk stays on its frame. The target frame returns once the
- * copy into it has completed: later (polled), so a launch never waits for a copy it does
- * not need, or at once when the deferred list is full. */
-static void cancel(struct device *d, uint64_t chunk)
-{
-  struct migration *m = d->chunks[chunk].mig;
-  if (d->ndeferred < PSA_MAX_MIGRATIONS) {
-    d->deferred[d->ndeferred++] = (struct deferred_frame){.frame = m->frame, .done = m->done};
-    m->done = NULL; /* now the deferred entry's */
-  } else {
-    PS_CU(ps_driver.cuEventSynchronize(m->done));
-    psa_frame_give(d, m->frame);
-  }
-  d->stats.migrations_cancelled++;
-  drop_migration(d, chunk);
-}
-
-/* Frames of cancelled migrations whose copies have completed go back to their lists. */
-static void release_deferred(struct device *d)
-{
-  for (uint32_t i = 0; i < d->ndeferred;) {
-    CUresult q = ps_driver.cuEventQuery(d->deferred[i].done);
-    if (q == CUDA_ERROR_NOT_READY) {
-      i++;
-      continue;
-    }
-    if (q != CUDA_SUCCESS)
-      PS_CU(ps_driver.cuEventSynchronize(d->deferred[i].done)); /* be sure the copy is over */
-    psa_frame_give(d, d->deferred[i].frame);
-    psa_event_put(d, d->deferred[i].done);
-    d->deferred[i] = d->deferred[--d->ndeferred];
-  }
-}
-
-bool psa_migration_settle(struct device *d, uint64_t chunk, enum psa_settle how)
+bool psa_copy_done(struct device *d, uint64_t chunk, bool sync)
 {
   struct chunk *c = &d->chunks[chunk];
-  struct migration *m = c->mig;
-  if (!m)
+  if (!c->copy)
     return true;
-  bool touched = c->touches != m->touches_at_start || c->in_flight;
-  if (touched || (how == PSA_SETTLE_FOR_TOUCH && m->to == PSA_HOST)) {
-    cancel(d, chunk);
-    return true;
-  }
-  /* Before a touch, a page-in still copying is abandoned rather than waited for: the
-   * launch reads the host frame in place, and the host never stalls the GPU's queue. */
-  CUresult q = how == PSA_SETTLE_FINISH ? ps_driver.cuEventSynchronize(m->done) : ps_driver.cuEventQuery(m->done);
-  if (q == CUDA_ERROR_NOT_READY && how == PSA_SETTLE_FOR_TOUCH) {
-    cancel(d, chunk);
-    return true;
-  }
-  if (q == CUDA_ERROR_NOT_READY)
+  if (!mark_passed(c->copy, sync))
     return false;
-  if (PS_CU(q)) {
-    cancel(d, chunk);
-    return true;
-  }
-  finish(d, chunk);
+  mark_put(d, c->copy);
+  c->copy = NULL;
+  for (uint32_t i = 0; i < d->ncopying; i++)
+    if (d->copying[i] == chunk) {
+      d->copying[i] = d->copying[--d->ncopying];
+      break;
+    }
   return true;
 }
 
-void psa_migrations_poll(struct device *d)
+void psa_moves_poll(struct device *d)
 {
-  release_deferred(d);
-  for (uint32_t i = 0; i < d->nmigrating;) {
-    uint64_t chunk = d->migrating[i];
-    if (psa_migration_settle(d, chunk, PSA_SETTLE_POLL) && (i >= d->nmigrating || d->migrating[i] != chunk))
-      continue; /* removed: the slot now holds another chunk */
-    i++;
+  for (uint32_t i = 0; i < d->ndeferred;) {
+    if (!mark_passed(d->deferred[i].copy, false)) {
+      i++;
+      continue;
+    }
+    psa_frame_give(d, d->deferred[i].frame);
+    mark_put(d, d->deferred[i].copy);
+    d->deferred[i] = d->deferred[--d->ndeferred];
+  }
+  for (uint32_t i = 0; i < d->ncopying;) {
+    uint64_t chunk = d->copying[i];
+    if (!psa_copy_done(d, chunk, false))
+      i++; /* else the slot now holds another chunk */
   }
 }
 
 /* ---- decisions (PSSHIM_POLICY=auto) ---- */
 
-/* A chunk on a GPU frame that may be paged out now. */
-static bool evictable(const struct device *d, const struct chunk *c)
+static bool on(const struct device *d, const struct chunk *c, enum psa_where w)
 {
-  return c->frame != PSA_NO_FRAME && !c->mig && !c->in_flight && !c->span->building &&
-         d->frames[c->frame].where == PSA_GPU;
+  return c->frame != PSA_NO_FRAME && d->frames[c->frame].where == w;
 }
 
-/* The least recently used GPU chunk that may move now, or UINT64_MAX. */
-static uint64_t lru_victim(struct device *d, uint64_t now)
+/* The movable chunk in `w` frames with the soonest predicted next use (fetch) or, for
+ * victims, the farthest one later than `need`; UINT64_MAX when there is none. Without a
+ * period, "soonest" is the most recently used. */
+static uint64_t pick(struct device *d, enum psa_where w, uint64_t now, uint64_t period, uint64_t need,
+                     uint64_t *next_use)
 {
   psp_cand *cands = d->cands;
   uint64_t *ids = d->cand_chunks;
   size_t n = 0;
   for (uint64_t i = 0; i < d->nchunks; i++) {
     struct chunk *c = &d->chunks[i];
-    if (!evictable(d, c))
+    if (!on(d, c, w) || c->in_flight || c->copy || !c->last_use)
       continue;
-    cands[n] = (psp_cand){.chunk = (uint32_t)i, .bytes = d->chunk_size, .last_use = c->last_use, .dirty = true};
+    uint64_t next = period ? psp_predict_next(c->uses, PSA_USES, now, period) : PSP_NEVER - c->last_use;
+    if (w == PSA_HOST && period && next == PSP_NEVER)
+      continue; /* not used in the last iteration: not expected soon */
+    /* A fetch wants the soonest: the policy's victim order, with next uses reversed. */
+    cands[n] = (psp_cand){.chunk = (uint32_t)i, .bytes = d->chunk_size, .dirty = true,
+                          .next_use = w == PSA_GPU ? next : PSP_NEVER - next};
     ids[n++] = i;
   }
-  ptrdiff_t v = psp_victim_lru(now, cands, n);
-  return v < 0 ? UINT64_MAX : ids[v];
+  ptrdiff_t v = psp_victim_farthest(cands, n, w == PSA_GPU ? need : 0);
+  while (v >= 0 && !movable(d, ids[v])) { /* its marks have not passed: try the next */
+    cands[v] = cands[--n];
+    ids[v] = ids[n];
+    v = psp_victim_farthest(cands, n, w == PSA_GPU ? need : 0);
+  }
+  if (v < 0)
+    return UINT64_MAX;
+  *next_use = w == PSA_GPU ? cands[v].next_use : PSP_NEVER - cands[v].next_use;
+  return ids[v];
 }
 
-static uint64_t predicted_next(const struct chunk *c, uint64_t now, uint64_t period)
+/* Fetches the host chunks needed soonest into free GPU frames and, once the iteration's
+ * period is known, into the frames of GPU chunks needed later. */
+static void plan(struct device *d, uint64_t now)
 {
-  return psp_predict_next(c->uses, PSA_USES, now, period);
-}
-
-/* Once the iteration's period is known: the GPU chunk whose next use comes last (OPT,
- * predicted from each chunk's uses in the last iteration), but only if that is later than
- * `need`, the next use of the chunk that wants its frame (Belady's condition: otherwise
- * the swap costs two copies and gains nothing). UINT64_MAX when there is none. */
-static uint64_t opt_victim(struct device *d, uint64_t now, uint64_t period, uint64_t need)
-{
-  uint64_t best = UINT64_MAX, best_next = need;
-  for (uint64_t i = 0; i < d->nchunks; i++) {
-    struct chunk *c = &d->chunks[i];
-    if (!evictable(d, c))
+  uint64_t period = pst_session_period();
+  for (int k = 0; k < 4 && d->ncopying + 2 <= PSA_MAX_MIGRATIONS; k++) {
+    uint64_t need, later;
+    uint64_t chunk = pick(d, PSA_HOST, now, period, 0, &need);
+    if (chunk == UINT64_MAX)
+      return;
+    if (psa_gpu_frame_available(d)) {
+      if (psa_move(d, chunk, PSA_GPU))
+        return;
       continue;
-    uint64_t next = predicted_next(c, now, period);
-    if (next > best_next || (next == best_next && best != UINT64_MAX && c->last_use < d->chunks[best].last_use)) {
-      best = i;
-      best_next = next;
     }
+    if (!period)
+      return;
+    uint64_t victim = pick(d, PSA_GPU, now, period, need, &later);
+    if (victim == UINT64_MAX)
+      return;
+    swap_in(d, chunk, victim);
   }
-  return best;
-}
-
-/* After a launch that touched chunk on the host: bring it in for its next use. Without a
- * free GPU frame, page out a victim to make room: by OPT once the iteration's period is
- * known, by LRU before. */
-static void promote(struct device *d, uint64_t chunk, uint64_t now)
-{
-  struct chunk *c = &d->chunks[chunk];
-  if (c->mig || c->in_flight || c->frame == PSA_NO_FRAME || d->frames[c->frame].where != PSA_HOST)
-    return;
-  if (!psa_gpu_frame_available(d)) {
-    uint64_t period = pst_session_period();
-    uint64_t v = period ? opt_victim(d, now, period, predicted_next(c, now, period)) : lru_victim(d, now);
-    if (v != UINT64_MAX)
-      psa_migration_start(d, v, PSA_HOST); /* its frame frees when the copy is done */
-    return; /* this chunk goes in at a later use, once a frame is free */
-  }
-  psa_migration_start(d, chunk, PSA_GPU);
 }
 
 /* Calls fn for every chunk of the spans that the launch's pointers fall in, once per
  * span, holding each device's lock once per launch (pointers come sorted, so pointers of
  * one span, and of one device, are neighbours). */
-static void for_each_chunk(const struct pst_launch *l, void (*fn)(struct device *, uint64_t, const struct pst_launch *))
+struct visit {
+  const struct pst_launch *l;
+  struct device *marked; /* the device `mark` belongs to */
+  struct psa_mark *mark;
+  struct psa_mark *ahead; /* exit: the mark PSSHIM_RUNAHEAD launches back on `marked` */
+};
+
+static void for_each_chunk(struct visit *v, void (*fn)(struct device *, uint64_t, struct visit *))
 {
   struct device *locked = NULL;
   const struct span *last = NULL;
+  const struct pst_launch *l = v->l;
   for (uint32_t k = 0; k < l->nptrs; k++) {
     int ordinal;
     int64_t chunk = psa_chunk_of(l->ptrs[k], &ordinal);
@@ -349,8 +396,10 @@ static void for_each_chunk(const struct pst_launch *l, void (*fn)(struct device 
       continue;
     struct device *d = &psa_devices[ordinal];
     if (d != locked) {
-      if (locked)
+      if (locked) {
+        mark_put(locked, locked == v->marked ? v->mark : NULL);
         pthread_mutex_unlock(&locked->lock);
+      }
       pthread_mutex_lock(&d->lock);
       locked = d;
       last = NULL;
@@ -360,40 +409,60 @@ static void for_each_chunk(const struct pst_launch *l, void (*fn)(struct device 
       continue;
     last = s;
     for (uint64_t i = s->first_chunk; i < s->first_chunk + s->nchunks; i++)
-      fn(d, i, l);
+      fn(d, i, v);
   }
-  if (locked)
+  if (locked) {
+    mark_put(locked, locked == v->marked ? v->mark : NULL);
     pthread_mutex_unlock(&locked->lock);
+  }
 }
 
-static void enter_chunk(struct device *d, uint64_t chunk, const struct pst_launch *l)
+static void enter_chunk(struct device *d, uint64_t chunk, struct visit *v)
 {
   struct chunk *c = &d->chunks[chunk];
-  if (c->mig)
-    psa_migration_settle(d, chunk, PSA_SETTLE_FOR_TOUCH);
+  if (!psa_copy_done(d, chunk, false)) {
+    /* The copy that put its data here is still running: this launch waits for it. */
+    if (PS_CU(ps_driver.cuStreamWaitEvent((CUstream)(uintptr_t)v->l->stream, c->copy->event, 0)))
+      psa_copy_done(d, chunk, true);
+    else
+      d->stats.copy_waits++;
+  }
   c->in_flight++;
-  c->touches++;
-  if (c->frame != PSA_NO_FRAME && d->frames[c->frame].where == PSA_HOST)
+  if (on(d, c, PSA_HOST))
     d->stats.touches_host++;
   else
     d->stats.touches_gpu++;
-  c->last_use = l->seq + 1; /* +1: 0 means never */
+  c->last_use = v->l->seq + 1; /* +1: 0 means never */
   c->uses[c->use_pos++ % PSA_USES] = c->last_use;
 }
 
-static void exit_chunk(struct device *d, uint64_t chunk, const struct pst_launch *l)
+static void exit_chunk(struct device *d, uint64_t chunk, struct visit *v)
 {
   struct chunk *c = &d->chunks[chunk];
   if (c->in_flight)
     c->in_flight--;
-  if (!l->failed)
-    c->streams |= 1ull << stream_index(d, (CUstream)(uintptr_t)l->stream);
-  if (ps_options.policy == PS_POLICY_AUTO && !c->in_flight && !atomic_load(&paging_off))
-    promote(d, chunk, l->seq + 1);
+  if (v->l->failed)
+    return;
+  if (v->marked != d) {
+    v->marked = d;
+    v->mark = mark_new(d, (CUstream)(uintptr_t)v->l->stream);
+    if (v->mark && d->recent) {
+      v->mark->refs++;
+      v->ahead = d->recent[d->recent_pos]; /* the ring's reference passes to the visit */
+      d->recent[d->recent_pos] = v->mark;
+      d->recent_pos = (d->recent_pos + 1) % ps_options.runahead;
+    }
+  }
+  if (v->mark) {
+    add_user(d, c, v->mark);
+  } else { /* no mark: wait for the launch here rather than lose track of it */
+    PS_CU(ps_driver.cuStreamSynchronize((CUstream)(uintptr_t)v->l->stream));
+    users_passed(d, c, true);
+  }
 }
 
-/* Work whose accesses psshim cannot see (CUDA graphs) may touch any chunk: pending
- * migrations are settled before it, and paging stops for good, said once. */
+/* Work whose accesses psshim cannot see (CUDA graphs) may touch any chunk: copies in
+ * flight complete before it, and paging stops for good, said once. */
 static void stop_paging(void)
 {
   if (atomic_exchange(&paging_off, true))
@@ -405,8 +474,8 @@ static void stop_paging(void)
     if (!d->ready)
       continue;
     pthread_mutex_lock(&d->lock);
-    while (d->nmigrating)
-      psa_migration_settle(d, d->migrating[0], PSA_SETTLE_FOR_TOUCH);
+    while (d->ncopying)
+      psa_copy_done(d, d->copying[0], true);
     pthread_mutex_unlock(&d->lock);
   }
 }
@@ -415,17 +484,29 @@ void psa_on_moment(const struct pst_launch *l, bool enter)
 {
   if (l->opaque && enter)
     stop_paging();
-  if (!l->nptrs)
+  struct visit v = {.l = l};
+  if (l->nptrs)
+    for_each_chunk(&v, enter ? enter_chunk : exit_chunk);
+  if (v.ahead) {
+    /* Flow control: the host stays at most PSSHIM_RUNAHEAD launches ahead of the GPU, so a
+     * chunk is quiescent soon after its last use and can move before its next one. */
+    bool passed = mark_passed(v.ahead, true);
+    pthread_mutex_lock(&v.marked->lock);
+    v.ahead->done = passed;
+    mark_put(v.marked, v.ahead);
+    pthread_mutex_unlock(&v.marked->lock);
+  }
+  if (enter || ps_options.policy != PS_POLICY_AUTO || atomic_load(&paging_off))
     return;
-  for_each_chunk(l, enter ? enter_chunk : exit_chunk);
-  if (!enter && ps_options.policy == PS_POLICY_AUTO) {
-    for (int i = 0; i < PSA_MAX_DEVICES; i++) {
-      struct device *d = &psa_devices[i];
-      if (!d->ready || (!d->nmigrating && !d->ndeferred))
-        continue;
-      pthread_mutex_lock(&d->lock);
-      psa_migrations_poll(d);
-      pthread_mutex_unlock(&d->lock);
-    }
+  bool plan_now = l->seq % PLAN_EVERY == 0;
+  for (int i = 0; i < PSA_MAX_DEVICES; i++) {
+    struct device *d = &psa_devices[i];
+    if (!d->ready || (!plan_now && !d->ncopying && !d->ndeferred))
+      continue;
+    pthread_mutex_lock(&d->lock);
+    psa_moves_poll(d);
+    if (plan_now)
+      plan(d, l->seq + 1);
+    pthread_mutex_unlock(&d->lock);
   }
 }

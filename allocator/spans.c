@@ -205,7 +205,7 @@ bool psa_span_idle(struct device *d, struct span *s)
   if (s->live_allocs)
     return false;
   for (uint64_t i = s->first_chunk; i < s->first_chunk + s->nchunks; i++)
-    if (d->chunks[i].mig || d->chunks[i].in_flight)
+    if (d->chunks[i].in_flight || !psa_copy_done(d, i, false))
       return false;
   for (uint32_t i = 0; i < s->nranges; i++)
     i = settle(d, s, i);
@@ -293,8 +293,14 @@ struct span *psa_span_new(struct device *d, uint64_t nchunks)
   s->first_chunk = first;
   s->nchunks = nchunks;
   s->building = true;
-  for (uint64_t i = 0; i < nchunks; i++)
-    d->chunks[first + i].span = s;
+  for (uint64_t i = 0; i < nchunks; i++) {
+    struct chunk *c = &d->chunks[first + i];
+    c->span = s;
+    /* A new life: the previous tenant's uses say nothing about this one's. */
+    memset(c->uses, 0, sizeof c->uses);
+    c->use_pos = 0;
+    c->last_use = 0;
+  }
   for (uint64_t i = 0; i < nchunks; i++) {
     uint32_t f = frame_for_chunk(d);
     CUresult r = f == PSA_NO_FRAME ? CUDA_ERROR_OUT_OF_MEMORY : psa_map(d, d->base + (first + i) * d->chunk_size, d->frames[f].handle);

@@ -38,7 +38,7 @@ void psa_stats_write(FILE *f, bool json)
             "\"host_frames\": %llu, \"peak_host_frames\": %llu, \"peak_host_bytes\": %llu, "
             "\"gpu_frames_made\": %llu, \"host_frames_made\": %llu, \"chunk_fill_pct\": %.1f, "
             "\"migrations_to_gpu\": %llu, \"migrations_to_host\": %llu, \"bytes_h2d\": %llu, \"bytes_d2h\": %llu, "
-            "\"migrations_cancelled\": %llu, \"touches_gpu\": %llu, \"touches_host\": %llu}\n",
+            "\"copy_waits\": %llu, \"touches_gpu\": %llu, \"touches_host\": %llu}\n",
             (unsigned long long)s.allocs, (unsigned long long)s.frees, (unsigned long long)s.failed_allocs,
             (unsigned long long)s.live_bytes, (unsigned long long)s.peak_live_bytes,
             (unsigned long long)s.chunk_size, (unsigned long long)s.gpu_budget, (unsigned long long)s.host_budget,
@@ -48,7 +48,7 @@ void psa_stats_write(FILE *f, bool json)
             (unsigned long long)s.gpu_frames_made, (unsigned long long)s.host_frames_made, fill,
             (unsigned long long)s.migrations_to_gpu, (unsigned long long)s.migrations_to_host,
             (unsigned long long)s.bytes_h2d, (unsigned long long)s.bytes_d2h,
-            (unsigned long long)s.migrations_cancelled, (unsigned long long)s.touches_gpu,
+            (unsigned long long)s.copy_waits, (unsigned long long)s.touches_gpu,
             (unsigned long long)s.touches_host);
     return;
   }

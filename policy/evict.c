@@ -1,4 +1,5 @@
-/* Victim choice: OPT/Belady from the schedule, LRU without one, one tie-break for both. */
+/* Victim choice: OPT/Belady from the schedule or from predicted next uses, LRU without
+ * either; one tie-break for all. */
 #include "policy/internal.h"
 
 bool psp_evicts_before(const psp_cand *a, uint64_t rank_a, const psp_cand *b, uint64_t rank_b)
@@ -36,6 +37,16 @@ ptrdiff_t psp_victim_lru(uint64_t now, const psp_cand *cands, size_t n)
       best_rank = age;
     }
   }
+  return best;
+}
+
+ptrdiff_t psp_victim_farthest(const psp_cand *cands, size_t n, uint64_t need)
+{
+  ptrdiff_t best = -1;
+  for (size_t i = 0; i < n; i++)
+    if (cands[i].next_use > need &&
+        (best < 0 || psp_evicts_before(&cands[i], cands[i].next_use, &cands[best], cands[best].next_use)))
+      best = (ptrdiff_t)i;
   return best;
 }
 

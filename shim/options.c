@@ -40,6 +40,8 @@ static const struct option_def option_table[] = {
   {"PSSHIM_CHUNK_SIZE", OPT_SIZE, "a non-zero size that is a multiple of 2M (e.g. 64M)",
    "64M", &ps_options.chunk_size, NULL, NULL},
   {"PSSHIM_POLICY", OPT_CHOICE, "static or auto", "static", &ps_options.policy, NULL, policy_choices},
+  {"PSSHIM_RUNAHEAD", OPT_UINT, "a whole number of launches from 1 to 60000", "256", &ps_options.runahead, NULL,
+   NULL},
   {"PSSHIM_LOG", OPT_CHOICE, "off, error, warn, info or debug", "error", &ps_options.log_level, NULL,
    log_choices},
   {"PSSHIM_STATS", OPT_PATH, "0, 1 (summary on stderr at exit) or a file path (JSON at exit)", NULL,

@@ -108,6 +108,7 @@ struct ps_options {
   bool disabled;             /* PSSHIM_DISABLE=1: every door passes through */
   const char *trace_path;    /* PSSHIM_TRACE */
   unsigned sample_ms;        /* PSSHIM_SAMPLE_MS */
+  unsigned runahead;         /* PSSHIM_RUNAHEAD: launches the host may enqueue ahead (auto) */
   const char *cupti_path;    /* PSSHIM_CUPTI */
 };
 extern struct ps_options ps_options;

@@ -51,7 +51,7 @@ train_auto)
 import json, sys
 s = json.load(open(sys.argv[1]))
 print(f"  migrations: to GPU {s['migrations_to_gpu']} ({s['bytes_h2d']>>20} MiB), to host {s['migrations_to_host']} "
-      f"({s['bytes_d2h']>>20} MiB), cancelled {s['migrations_cancelled']}")
+      f"({s['bytes_d2h']>>20} MiB), copy waits {s['copy_waits']}")
 assert s["migrations_to_gpu"] > 0 and s["migrations_to_host"] > 0, "the pager moved nothing"
 assert s["peak_gpu_bytes"] <= s["gpu_budget"], "GPU budget exceeded"
 PY

@@ -216,6 +216,32 @@ static void test_victim_lru(void **state)
   assert_int_equal(psp_victim_lru(9, cands + 1, 2), -1);  /* both in use at 9 */
 }
 
+static void test_victim_farthest(void **state)
+{
+  (void)state;
+  psp_cand cands[] = {{.chunk = 0, .bytes = 1, .next_use = 50},
+                      {.chunk = 1, .bytes = 1, .next_use = 90, .dirty = true},
+                      {.chunk = 2, .bytes = 1, .next_use = 20},
+                      {.chunk = 3, .bytes = 1, .next_use = 90}};
+  assert_int_equal(psp_victim_farthest(cands, 4, 10), 3); /* farthest; of the tie, the clean one */
+  assert_int_equal(psp_victim_farthest(cands, 3, 60), 1);
+  assert_int_equal(psp_victim_farthest(cands, 4, 90), -1); /* Belady: none is needed later */
+  assert_int_equal(psp_victim_farthest(cands, 0, 0), -1);
+  /* against brute force */
+  psp_cand r[16];
+  for (unsigned seed = 1; seed < 300; seed++) {
+    size_t n = seed % 16 + 1;
+    uint64_t need = seed % 13;
+    for (size_t i = 0; i < n; i++)
+      r[i] = (psp_cand){.chunk = (uint32_t)i, .bytes = 1, .next_use = (seed * 31 + i * 17) % 19};
+    ptrdiff_t want = -1;
+    for (size_t i = 0; i < n; i++)
+      if (r[i].next_use > need && (want < 0 || r[i].next_use > r[want].next_use))
+        want = (ptrdiff_t)i;
+    assert_int_equal(psp_victim_farthest(r, n, need), want);
+  }
+}
+
 static const psp_cost h200 = {.h2d = 55e9, .d2h = 55e9, .zero_copy = 51e9, .hbm = 4000e9};
 
 /* Next use from recent uses: against the truth of a strictly periodic use pattern. */
@@ -267,6 +293,7 @@ int main(void)
       cmocka_unit_test(test_next_use_brute), cmocka_unit_test(test_margin_brute),
       cmocka_unit_test(test_victim_opt),     cmocka_unit_test(test_victim_lru),
       cmocka_unit_test(test_cost),           cmocka_unit_test(test_predict_next),
+      cmocka_unit_test(test_victim_farthest),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
