@@ -118,8 +118,7 @@ struct device {
   struct psa_mark **recent; /* marks of the latest PSSHIM_RUNAHEAD launches, a ring */
   uint32_t recent_pos;
   uint64_t reserved_high, used_high; /* since the last psa_usage_reset_high */
-  psp_cand *cands; /* scratch for victim choice, one per chunk */
-  uint64_t *cand_chunks;
+  psp_cand *cands; /* scratch for the pager's plans, two per chunk */
   struct psa_stats stats;
 };
 

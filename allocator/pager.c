@@ -24,7 +24,8 @@
 #include <string.h>
 #include <time.h>
 
-#define PLAN_EVERY 8 /* launches between prefetch plans: each scans every chunk */
+#define PLAN_EVERY 16 /* launches between prefetch plans: each scans every chunk */
+#define PLAN_MOVES 8  /* moves one plan may start */
 
 static _Atomic bool paging_off; /* see stop_paging */
 
@@ -317,60 +318,54 @@ static bool on(const struct device *d, const struct chunk *c, enum psa_where w)
   return c->frame != PSA_NO_FRAME && d->frames[c->frame].where == w;
 }
 
-/* The movable chunk in `w` frames with the soonest predicted next use (fetch) or, for
- * victims, the farthest one later than `need`; UINT64_MAX when there is none. Without a
- * period, "soonest" is the most recently used. */
-static uint64_t pick(struct device *d, enum psa_where w, uint64_t now, uint64_t period, uint64_t need,
-                     uint64_t *next_use)
+/* The chunks in `w` frames that a move might take now (in use or being copied: not),
+ * with predicted next uses, in the order to consider them: for fetches (host) the soonest
+ * first, for victims (GPU) the farthest first. Without a period, a fetch's "soonest" is
+ * the most recently used. Returns how many. */
+static size_t candidates(struct device *d, enum psa_where w, uint64_t now, uint64_t period, psp_cand *out)
 {
-  psp_cand *cands = d->cands;
-  uint64_t *ids = d->cand_chunks;
   size_t n = 0;
   for (uint64_t i = 0; i < d->nchunks; i++) {
     struct chunk *c = &d->chunks[i];
-    if (!on(d, c, w) || c->in_flight || c->copy || !c->last_use)
+    /* A chunk used within the last PSSHIM_RUNAHEAD launches is most likely still queued. */
+    if (!on(d, c, w) || c->in_flight || c->copy || !c->last_use || c->last_use + ps_options.runahead > now)
       continue;
     uint64_t next = period ? psp_predict_next(c->uses, PSA_USES, now, period) : PSP_NEVER - c->last_use;
     if (w == PSA_HOST && period && next == PSP_NEVER)
       continue; /* not used in the last iteration: not expected soon */
-    /* A fetch wants the soonest: the policy's victim order, with next uses reversed. */
-    cands[n] = (psp_cand){.chunk = (uint32_t)i, .bytes = d->chunk_size, .dirty = true,
+    /* Fetches want the soonest: the victims' order with next uses reversed. */
+    out[n++] = (psp_cand){.chunk = (uint32_t)i, .bytes = d->chunk_size, .dirty = true,
                           .next_use = w == PSA_GPU ? next : PSP_NEVER - next};
-    ids[n++] = i;
   }
-  ptrdiff_t v = psp_victim_farthest(cands, n, w == PSA_GPU ? need : 0);
-  while (v >= 0 && !movable(d, ids[v])) { /* its marks have not passed: try the next */
-    cands[v] = cands[--n];
-    ids[v] = ids[n];
-    v = psp_victim_farthest(cands, n, w == PSA_GPU ? need : 0);
-  }
-  if (v < 0)
-    return UINT64_MAX;
-  *next_use = w == PSA_GPU ? cands[v].next_use : PSP_NEVER - cands[v].next_use;
-  return ids[v];
+  psp_sort_farthest(out, n);
+  return n;
 }
 
 /* Fetches the host chunks needed soonest into free GPU frames and, once the iteration's
- * period is known, into the frames of GPU chunks needed later. */
+ * period is known, into the frames of GPU chunks needed later than they are (Belady). */
 static void plan(struct device *d, uint64_t now)
 {
   uint64_t period = pst_session_period();
-  for (int k = 0; k < 4 && d->ncopying + 2 <= PSA_MAX_MIGRATIONS; k++) {
-    uint64_t need, later;
-    uint64_t chunk = pick(d, PSA_HOST, now, period, 0, &need);
-    if (chunk == UINT64_MAX)
-      return;
+  psp_cand *fetch = d->cands, *victims = d->cands + d->nchunks;
+  size_t nf = candidates(d, PSA_HOST, now, period, fetch), nv = 0, v = 0;
+  if (period && nf)
+    nv = candidates(d, PSA_GPU, now, period, victims);
+  for (size_t i = 0, moves = 0; i < nf && moves < PLAN_MOVES && d->ncopying + 2 <= PSA_MAX_MIGRATIONS; i++) {
+    uint64_t chunk = fetch[i].chunk, need = PSP_NEVER - fetch[i].next_use;
+    if (!movable(d, chunk))
+      continue;
     if (psa_gpu_frame_available(d)) {
-      if (psa_move(d, chunk, PSA_GPU))
-        return;
+      moves += psa_move(d, chunk, PSA_GPU) == CUDA_SUCCESS;
       continue;
     }
     if (!period)
       return;
-    uint64_t victim = pick(d, PSA_GPU, now, period, need, &later);
-    if (victim == UINT64_MAX)
-      return;
-    swap_in(d, chunk, victim);
+    while (v < nv && !movable(d, victims[v].chunk))
+      v++;
+    if (v == nv || victims[v].next_use <= need)
+      return; /* no chunk on the GPU is needed later than this one */
+    swap_in(d, chunk, victims[v++].chunk);
+    moves++;
   }
 }
 

@@ -124,11 +124,10 @@ static bool setup(struct device *d, int ordinal)
   }
   d->chunks = calloc(d->nchunks, sizeof *d->chunks);
   d->frames = calloc(d->max_frames + 1, sizeof *d->frames);
-  d->cands = calloc(d->nchunks, sizeof *d->cands);
-  d->cand_chunks = calloc(d->nchunks, sizeof *d->cand_chunks);
+  d->cands = calloc(2 * d->nchunks, sizeof *d->cands); /* fetches, then victims */
   if (ps_options.policy == PS_POLICY_AUTO)
     d->recent = calloc(ps_options.runahead, sizeof *d->recent);
-  if (!d->chunks || !d->frames || !d->cands || !d->cand_chunks || (ps_options.policy == PS_POLICY_AUTO && !d->recent)) {
+  if (!d->chunks || !d->frames || !d->cands || (ps_options.policy == PS_POLICY_AUTO && !d->recent)) {
     ps_error("out of host memory for chunk tables");
     return false;
   }

@@ -28,6 +28,8 @@ void psa_stats_write(FILE *f, bool json)
 {
   struct psa_stats s;
   psa_stats_get(&s);
+  uint64_t launches, iterations;
+  pst_session_progress(&launches, &iterations);
   /* Fill at the peak: how much of the mapped chunk space live tensors used when it counted. */
   double fill = s.mapped_at_peak ? 100.0 * (double)s.peak_live_bytes / (double)s.mapped_at_peak : 0;
   if (json) {
@@ -38,7 +40,8 @@ void psa_stats_write(FILE *f, bool json)
             "\"host_frames\": %llu, \"peak_host_frames\": %llu, \"peak_host_bytes\": %llu, "
             "\"gpu_frames_made\": %llu, \"host_frames_made\": %llu, \"chunk_fill_pct\": %.1f, "
             "\"migrations_to_gpu\": %llu, \"migrations_to_host\": %llu, \"bytes_h2d\": %llu, \"bytes_d2h\": %llu, "
-            "\"copy_waits\": %llu, \"touches_gpu\": %llu, \"touches_host\": %llu}\n",
+            "\"copy_waits\": %llu, \"touches_gpu\": %llu, \"touches_host\": %llu, \"launches\": %llu, "
+            "\"iterations\": %llu, \"period\": %llu}\n",
             (unsigned long long)s.allocs, (unsigned long long)s.frees, (unsigned long long)s.failed_allocs,
             (unsigned long long)s.live_bytes, (unsigned long long)s.peak_live_bytes,
             (unsigned long long)s.chunk_size, (unsigned long long)s.gpu_budget, (unsigned long long)s.host_budget,
@@ -49,7 +52,8 @@ void psa_stats_write(FILE *f, bool json)
             (unsigned long long)s.migrations_to_gpu, (unsigned long long)s.migrations_to_host,
             (unsigned long long)s.bytes_h2d, (unsigned long long)s.bytes_d2h,
             (unsigned long long)s.copy_waits, (unsigned long long)s.touches_gpu,
-            (unsigned long long)s.touches_host);
+            (unsigned long long)s.touches_host, (unsigned long long)launches, (unsigned long long)iterations,
+            (unsigned long long)pst_session_period());
     return;
   }
   fprintf(f, "psshim: allocations %llu, frees %llu, failed %llu; live %.1f MiB, peak %.1f MiB\n",

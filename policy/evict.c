@@ -2,6 +2,8 @@
  * either; one tie-break for all. */
 #include "policy/internal.h"
 
+#include <stdlib.h>
+
 bool psp_evicts_before(const psp_cand *a, uint64_t rank_a, const psp_cand *b, uint64_t rank_b)
 {
   if (rank_a != rank_b) return rank_a > rank_b;
@@ -40,14 +42,18 @@ ptrdiff_t psp_victim_lru(uint64_t now, const psp_cand *cands, size_t n)
   return best;
 }
 
-ptrdiff_t psp_victim_farthest(const psp_cand *cands, size_t n, uint64_t need)
+static int farthest_first(const void *a, const void *b)
 {
-  ptrdiff_t best = -1;
-  for (size_t i = 0; i < n; i++)
-    if (cands[i].next_use > need &&
-        (best < 0 || psp_evicts_before(&cands[i], cands[i].next_use, &cands[best], cands[best].next_use)))
-      best = (ptrdiff_t)i;
-  return best;
+  const psp_cand *x = a, *y = b;
+  if (psp_evicts_before(x, x->next_use, y, y->next_use))
+    return -1;
+  return psp_evicts_before(y, y->next_use, x, x->next_use) ? 1 : 0;
+}
+
+void psp_sort_farthest(psp_cand *cands, size_t n)
+{
+  if (n > 1)
+    qsort(cands, n, sizeof *cands, farthest_first);
 }
 
 uint64_t psp_predict_next(const uint64_t *uses, size_t n, uint64_t now, uint64_t period)

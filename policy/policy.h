@@ -75,7 +75,7 @@ typedef struct psp_cand {
   uint64_t bytes;
   uint64_t last_use;  /* latest moment that touched it (LRU) */
   bool dirty;         /* written since paged in: evicting it costs a copy */
-  uint64_t next_use;  /* psp_victim_farthest: its predicted next use */
+  uint64_t next_use;  /* psp_sort_farthest: its predicted next use */
 } psp_cand;
 
 /* Both return an index into cands, or -1 when every candidate is in use at `now`.
@@ -86,10 +86,9 @@ ptrdiff_t psp_victim_opt(const psp_schedule *s, uint64_t now, const psp_cand *ca
 /* LRU, for when there is no schedule: the least recently used; last_use == now is pinned. */
 ptrdiff_t psp_victim_lru(uint64_t now, const psp_cand *cands, size_t n);
 
-/* OPT/Belady on predicted next uses (psp_cand.next_use): the candidate used farthest
- * ahead, if that is later than `need`, the next use of the chunk that wants its frame
- * (otherwise the swap costs two copies and gains nothing); -1 when none is. */
-ptrdiff_t psp_victim_farthest(const psp_cand *cands, size_t n, uint64_t need);
+/* OPT/Belady on predicted next uses: sorts candidates into eviction order, the one used
+ * farthest ahead (psp_cand.next_use) first, ties as for the victims above. */
+void psp_sort_farthest(psp_cand *cands, size_t n);
 
 /* Next use of a chunk from its most recent uses alone (no schedule), assuming the run
  * repeats with `period` moments: the earliest of the uses within the last period, plus the

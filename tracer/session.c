@@ -136,3 +136,11 @@ void pst_session_end(void)
 }
 
 uint64_t pst_session_period(void) { return atomic_load_explicit(&adopted, memory_order_relaxed); }
+
+void pst_session_progress(uint64_t *launches, uint64_t *iterations)
+{
+  pthread_mutex_lock(&period_lock);
+  *launches = fed;
+  *iterations = iteration;
+  pthread_mutex_unlock(&period_lock);
+}

@@ -234,6 +234,8 @@ bool pst_session_start(const struct pst_trace_header *h);
 /* The training iteration's length in moments (launches and transfers) once the session
  * has found it, else 0. */
 uint64_t pst_session_period(void);
+/* Launches observed and iteration boundaries passed so far. */
+void pst_session_progress(uint64_t *launches, uint64_t *iterations);
 /* Stops sampling and closes the trace; at exit (no CUPTI calls). */
 void pst_session_end(void);
 

@@ -216,29 +216,39 @@ static void test_victim_lru(void **state)
   assert_int_equal(psp_victim_lru(9, cands + 1, 2), -1);  /* both in use at 9 */
 }
 
-static void test_victim_farthest(void **state)
+static void test_sort_farthest(void **state)
 {
   (void)state;
   psp_cand cands[] = {{.chunk = 0, .bytes = 1, .next_use = 50},
                       {.chunk = 1, .bytes = 1, .next_use = 90, .dirty = true},
                       {.chunk = 2, .bytes = 1, .next_use = 20},
                       {.chunk = 3, .bytes = 1, .next_use = 90}};
-  assert_int_equal(psp_victim_farthest(cands, 4, 10), 3); /* farthest; of the tie, the clean one */
-  assert_int_equal(psp_victim_farthest(cands, 3, 60), 1);
-  assert_int_equal(psp_victim_farthest(cands, 4, 90), -1); /* Belady: none is needed later */
-  assert_int_equal(psp_victim_farthest(cands, 0, 0), -1);
-  /* against brute force */
+  psp_sort_farthest(cands, 4);
+  uint32_t want[] = {3, 1, 0, 2}; /* farthest first; of the tie, the clean one */
+  for (int i = 0; i < 4; i++)
+    assert_int_equal(cands[i].chunk, want[i]);
+  psp_sort_farthest(cands, 0);
+  /* against brute force: a permutation, each entry as psp_victim_opt's order would take it */
   psp_cand r[16];
   for (unsigned seed = 1; seed < 300; seed++) {
     size_t n = seed % 16 + 1;
-    uint64_t need = seed % 13;
-    for (size_t i = 0; i < n; i++)
-      r[i] = (psp_cand){.chunk = (uint32_t)i, .bytes = 1, .next_use = (seed * 31 + i * 17) % 19};
-    ptrdiff_t want = -1;
-    for (size_t i = 0; i < n; i++)
-      if (r[i].next_use > need && (want < 0 || r[i].next_use > r[want].next_use))
-        want = (ptrdiff_t)i;
-    assert_int_equal(psp_victim_farthest(r, n, need), want);
+    uint64_t sum = 0;
+    for (size_t i = 0; i < n; i++) {
+      r[i] = (psp_cand){.chunk = (uint32_t)i, .bytes = 1 + (seed + i) % 3, .dirty = (seed ^ i) & 1,
+                        .next_use = (seed * 31 + i * 17) % 7};
+      sum += r[i].chunk;
+    }
+    psp_sort_farthest(r, n);
+    uint64_t seen = 0;
+    for (size_t i = 0; i < n; i++) {
+      seen += r[i].chunk;
+      if (i) {
+        assert_true(r[i - 1].next_use >= r[i].next_use);
+        if (r[i - 1].next_use == r[i].next_use && r[i - 1].dirty != r[i].dirty)
+          assert_false(r[i - 1].dirty); /* clean first */
+      }
+    }
+    assert_int_equal(seen, sum);
   }
 }
 
@@ -293,7 +303,7 @@ int main(void)
       cmocka_unit_test(test_next_use_brute), cmocka_unit_test(test_margin_brute),
       cmocka_unit_test(test_victim_opt),     cmocka_unit_test(test_victim_lru),
       cmocka_unit_test(test_cost),           cmocka_unit_test(test_predict_next),
-      cmocka_unit_test(test_victim_farthest),
+      cmocka_unit_test(test_sort_farthest),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
