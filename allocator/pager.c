@@ -24,7 +24,6 @@
 #include <string.h>
 #include <time.h>
 
-#define PLAN_EVERY 16 /* launches between prefetch plans: each scans every chunk */
 #define PLAN_MOVES 8  /* moves one plan may start */
 
 static _Atomic bool paging_off; /* see stop_paging */
@@ -493,7 +492,10 @@ void psa_on_moment(const struct pst_launch *l, bool enter)
   }
   if (enter || ps_options.policy != PS_POLICY_AUTO || atomic_load(&paging_off))
     return;
-  bool plan_now = l->seq % PLAN_EVERY == 0;
+  /* Chunks become movable on the scale of the run-ahead window: planning far more often
+   * than that finds nothing new, and each plan scans every chunk. */
+  unsigned every = ps_options.runahead / 16 < 1 ? 1 : ps_options.runahead / 16 > 16 ? 16 : ps_options.runahead / 16;
+  bool plan_now = l->seq % every == 0;
   for (int i = 0; i < PSA_MAX_DEVICES; i++) {
     struct device *d = &psa_devices[i];
     if (!d->ready || (!plan_now && !d->ncopying && !d->ndeferred))

@@ -43,7 +43,7 @@ train_auto)
     read -r copy_us event_us kernel_us <<<"$delays"
     for budget in 48M 24M 8M; do
       out=$(FAKECUDA_COPY_DELAY_US=$copy_us FAKECUDA_EVENT_DELAY_US=$event_us FAKECUDA_KERNEL_DELAY_US=$kernel_us \
-        under_psshim PSSHIM_POLICY=auto PSSHIM_CUPTI="$FAKE_CUPTI" PSSHIM_GPU_BUDGET=$budget PSSHIM_HOST_BUDGET=256M \
+        under_psshim PSSHIM_POLICY=auto PSSHIM_RUNAHEAD=4 PSSHIM_CUPTI="$FAKE_CUPTI" PSSHIM_GPU_BUDGET=$budget PSSHIM_HOST_BUDGET=256M \
         PSSHIM_STATS="$tmp/s.json" "$prog" 8 8 4) || fail "auto, budget $budget, delays $delays: $out"
       echo "auto $budget (delays $delays): $out"
       [ "${out%, psshim*}" = "${native%, psshim*}" ] || fail "auto, budget $budget: results differ from the native run"
