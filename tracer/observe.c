@@ -218,6 +218,7 @@ static uint32_t copy_kind(const struct transfer_kind *t, const struct transfer_p
 /* The enter callback's findings, kept for the exit callback of the same call. */
 static _Thread_local struct found tls_found;
 static _Thread_local struct pst_launch tls_launch;
+static _Thread_local bool tls_handling; /* inside on_api on this thread */
 
 static void on_launch(CUpti_CallbackId cbid, const CUpti_CallbackData *cb, struct pst_launch *l, struct found *f)
 {
@@ -304,6 +305,12 @@ static void CUPTIAPI on_api(void *user, CUpti_CallbackDomain domain, CUpti_Callb
   const CUpti_CallbackData *cb = data;
   if (domain != CUPTI_CB_DOMAIN_DRIVER_API)
     return;
+  /* CUPTI reports the driver calls made while handling a callback too (psshim's own
+   * copies, when the pager moves a chunk from inside a launch's callback): those are
+   * psshim's, not the program's, and must not re-enter the handler. */
+  if (tls_handling)
+    return;
+  tls_handling = true;
   bool enter = cb->callbackSite == CUPTI_API_ENTER;
   struct pst_launch *l = &tls_launch;
   struct found *f = &tls_found;
@@ -324,6 +331,7 @@ static void CUPTIAPI on_api(void *user, CUpti_CallbackDomain domain, CUpti_Callb
     l->failed = true;
   }
   pst_observe_moment(l, enter);
+  tls_handling = false;
 }
 
 void pst_observe_moment(struct pst_launch *l, bool enter)

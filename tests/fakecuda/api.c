@@ -1,8 +1,8 @@
 /* The API hook: what CUPTI's callback API sees on a real driver. Two slots, one for
  * tests (fakecuda_set_api_callback) and one for the fake libcupti, so a test can watch
- * the driver while a CUPTI subscriber does too. Calls made from inside a hook are not
- * reported, which keeps a subscriber that asks the driver for the current context from
- * recursing. */
+ * the driver while a CUPTI subscriber does too. Calls made from inside a hook reach the
+ * CUPTI slot, as on the real driver (a subscriber must guard against re-entering itself),
+ * but not the tests' raw hook, which may call the driver freely. */
 #include <stddef.h>
 
 #include "fakecuda_internal.h"
@@ -23,20 +23,21 @@ FC_EXPORT void fakecuda_set_cupti_callback(fakecuda_api_callback cb, void *user)
 
 static void call_slots(int cbid, int site, const char *name, const void *params, CUresult *result,
                        const struct fc_api_slots *s) {
+  bool nested = in_hook;
   in_hook = true;
-  for (int i = 0; i < 2; i++)
+  for (int i = nested ? 1 : 0; i < 2; i++)
     if (s->cb[i]) s->cb[i](cbid, site, name, params, result, s->user[i]);
-  in_hook = false;
+  in_hook = nested;
 }
 
 /* The slots are copied at enter so that exit goes to the same hooks even if one is
  * replaced meanwhile: a subscriber always sees enter and exit in pairs. */
 bool fc_api_enter(int cbid, const char *name, const void *params, CUresult *result, void *slots) {
   struct fc_api_slots *s = slots;
-  if (in_hook) return false;
   pthread_mutex_lock(&api_mu);
   *s = api_slots;
   pthread_mutex_unlock(&api_mu);
+  if (in_hook) s->cb[0] = NULL;
   if (!s->cb[0] && !s->cb[1]) return false;
   call_slots(cbid, 0, name, params, result, s);
   return true;

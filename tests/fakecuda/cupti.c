@@ -54,9 +54,13 @@ static const char *kernel_name(int cbid, const void *params) {
   return f && cuFuncGetName(&name, f) == CUDA_SUCCESS ? name : NULL;
 }
 
-/* Runs on the fake driver's hook (calls made here are not reported back to us). */
+static _Thread_local bool asking; /* dispatch's own driver calls: not reported */
+
+/* Runs on the fake driver's hook, for the program's calls and for calls made inside a
+ * subscriber's callback, as real CUPTI does. */
 static void dispatch(int cbid, int site, const char *name, const void *params, CUresult *result, void *unused) {
   (void)unused;
+  if (asking) return;
   if (site == CUPTI_API_ENTER) {
     if (corr_depth == DEPTH_MAX) return;
     corr[corr_depth].id = atomic_fetch_add(&next_correlation, 1) + 1;
@@ -74,13 +78,15 @@ static void dispatch(int cbid, int site, const char *name, const void *params, C
     CUcontext ctx = NULL;
     CUdevice dev = -1;
     memset(&data, 0, sizeof data);
+    asking = true;
     cuCtxGetCurrent(&ctx);
     if (ctx) cuCtxGetDevice(&dev);
+    data.symbolName = kernel_name(cbid, params);
+    asking = false;
     data.callbackSite = site == 0 ? CUPTI_API_ENTER : CUPTI_API_EXIT;
     data.functionName = name;
     data.functionParams = params;
     data.functionReturnValue = result;
-    data.symbolName = kernel_name(cbid, params);
     data.context = ctx;
     data.contextUid = ctx ? (uint32_t)dev + 1 : 0;
     data.correlationData = &corr[corr_depth - 1].data;
