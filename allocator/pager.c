@@ -25,6 +25,8 @@
 #include <time.h>
 
 #define PLAN_MOVES 8  /* moves one plan may start */
+#define PLAN_COPIES 8 /* copies in flight beyond which a plan starts no move: copies a
+                         launch would wait for, queued behind many others, stall it */
 
 static _Atomic bool paging_off; /* see stop_paging */
 
@@ -321,6 +323,11 @@ static bool on(const struct device *d, const struct chunk *c, enum psa_where w)
  * with predicted next uses, in the order to consider them: for fetches (host) the soonest
  * first, for victims (GPU) the farthest first. Without a period, a fetch's "soonest" is
  * the most recently used. Returns how many. */
+static bool young(const struct span *s, uint64_t now, uint64_t period)
+{
+  return now - s->born < period;
+}
+
 static size_t candidates(struct device *d, enum psa_where w, uint64_t now, uint64_t period, psp_cand *out)
 {
   size_t n = 0;
@@ -328,6 +335,10 @@ static size_t candidates(struct device *d, enum psa_where w, uint64_t now, uint6
     struct chunk *c = &d->chunks[i];
     /* A chunk used within the last PSSHIM_RUNAHEAD launches is most likely still queued. */
     if (!on(d, c, w) || c->in_flight || c->copy || !c->last_use || c->last_use + ps_options.runahead > now)
+      continue;
+    /* Victims are model data: the iteration's own allocations keep their frames (the
+     * margin), and an empty span's frame goes to the next allocation anyway. */
+    if (w == PSA_GPU && (young(c->span, now, period) || !c->span->live_allocs))
       continue;
     uint64_t next = period ? psp_predict_next(c->uses, PSA_USES, now, period) : PSP_NEVER - c->last_use;
     if (w == PSA_HOST && period && next == PSP_NEVER)
@@ -340,20 +351,57 @@ static size_t candidates(struct device *d, enum psa_where w, uint64_t now, uint6
   return n;
 }
 
-/* Fetches the host chunks needed soonest into free GPU frames and, once the iteration's
- * period is known, into the frames of GPU chunks needed later than they are (Belady). */
+/* GPU frames that spans younger than an iteration hold (the iteration's activations and
+ * other short-lived allocations), and those that are free or soon free: unused, held by
+ * empty spans (an allocation takes them back), or leaving with a page-out's copy. */
+static void count_gpu_frames(struct device *d, uint64_t now, uint64_t period, uint64_t *young_frames,
+                             uint64_t *room)
+{
+  *young_frames = 0;
+  *room = d->gpu_frame_limit - d->gpu_frames_held;
+  for (uint64_t i = 0; i < d->nchunks; i++) {
+    struct chunk *c = &d->chunks[i];
+    if (!on(d, c, PSA_GPU))
+      continue;
+    if (!c->span->live_allocs)
+      ++*room;
+    else if (young(c->span, now, period))
+      ++*young_frames;
+  }
+  for (uint32_t i = 0; i < d->ndeferred; i++)
+    *room += d->frames[d->deferred[i].frame].where == PSA_GPU;
+}
+
+/* Once the iteration's period is known: first room on the GPU for the rest of the
+ * iteration's short-lived allocations (PatrickStar's margin: the most frames they held at
+ * once, less what they hold now), made by paging out the model data needed farthest
+ * ahead, so activations never land in host frames. Then the host chunks needed soonest
+ * go into free GPU frames beyond the margin, or into the frames of GPU chunks needed
+ * later than they are (Belady). Without a period, free frames are filled with the most
+ * recently used host chunks. */
 static void plan(struct device *d, uint64_t now)
 {
   uint64_t period = pst_session_period();
   psp_cand *fetch = d->cands, *victims = d->cands + d->nchunks;
-  size_t nf = candidates(d, PSA_HOST, now, period, fetch), nv = 0, v = 0;
-  if (period && nf)
+  uint64_t young_frames = 0, room = d->gpu_frame_limit - d->gpu_frames_held, keep = 0;
+  size_t nf = candidates(d, PSA_HOST, now, period, fetch), nv = 0, v = 0, moves = 0;
+  if (period) {
+    count_gpu_frames(d, now, period, &young_frames, &room);
+    if (young_frames > d->margin)
+      d->margin = young_frames;
+    keep = d->margin - young_frames;
     nv = candidates(d, PSA_GPU, now, period, victims);
-  for (size_t i = 0, moves = 0; i < nf && moves < PLAN_MOVES && d->ncopying + 2 <= PSA_MAX_MIGRATIONS; i++) {
+  }
+  for (; room < keep && v < nv && moves < PLAN_MOVES && d->ncopying < PLAN_COPIES; v++)
+    if (movable(d, victims[v].chunk) && psa_move(d, victims[v].chunk, PSA_HOST) == CUDA_SUCCESS) {
+      room++;
+      moves++;
+    }
+  for (size_t i = 0; i < nf && moves < PLAN_MOVES && d->ncopying + 2 <= PLAN_COPIES; i++) {
     uint64_t chunk = fetch[i].chunk, need = PSP_NEVER - fetch[i].next_use;
     if (!movable(d, chunk))
       continue;
-    if (psa_gpu_frame_available(d)) {
+    if (d->gpu_frame_limit - d->gpu_frames_held > keep && psa_gpu_frame_available(d)) {
       moves += psa_move(d, chunk, PSA_GPU) == CUDA_SUCCESS;
       continue;
     }
@@ -427,6 +475,8 @@ static void enter_chunk(struct device *d, uint64_t chunk, struct visit *v)
   else
     d->stats.touches_gpu++;
   c->last_use = v->l->seq + 1; /* +1: 0 means never */
+  if (c->last_use > d->clock)
+    d->clock = c->last_use;
   c->uses[c->use_pos++ % PSA_USES] = c->last_use;
 }
 
