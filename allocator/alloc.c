@@ -83,6 +83,7 @@ CUresult psa_alloc(int ordinal, size_t size, CUstream stream, CUdeviceptr *p)
   }
   s->live_bytes += asize;
   s->live_allocs++;
+  psa_digest_alloc(d, asize);
   d->stats.allocs++;
   d->stats.live_bytes += asize;
   if (d->stats.live_bytes > d->stats.peak_live_bytes) {

@@ -54,6 +54,10 @@ struct pst_launch;
  * the chunks it touches (enter/exit) so no migration races it, and with PSSHIM_POLICY=auto
  * decides what to move. */
 void psa_on_moment(const struct pst_launch *l, bool enter);
+/* The first iteration boundary has passed (from the tracer's session): under torchrun the
+ * node's ranks compare what they allocated until then, and a difference is said on every
+ * rank in one line. Waits for the other ranks (PSSHIM_COMM_TIMEOUT_S at most). */
+void psa_first_iteration_done(void);
 
 /* Memory in use on `ordinal` as a memory pool would count it: reserved = bytes of the frames
  * its chunks hold, used = bytes of live allocations; highs since the last reset. False

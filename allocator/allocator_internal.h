@@ -121,6 +121,7 @@ struct device {
   uint64_t margin;          /* most GPU frames spans younger than an iteration held at once */
   uint32_t recent_pos;
   uint64_t reserved_high, used_high; /* since the last psa_usage_reset_high */
+  uint64_t alloc_digest; /* the allocations' sizes, as a sum of mixed sizes (space.c) */
   psp_cand *cands; /* scratch for the pager's plans, two per chunk */
   struct psa_stats stats;
 };
@@ -132,6 +133,7 @@ extern bool psa_forked_child;
 
 /* space.c */
 struct device *psa_device_get(int ordinal); /* sets the device up on first use; NULL on failure */
+void psa_digest_alloc(struct device *d, uint64_t size);
 bool psa_chunks_reserve(struct device *d, uint64_t n, uint64_t *first);
 void psa_chunks_unreserve(struct device *d, uint64_t first, uint64_t n);
 CUresult psa_map(struct device *d, CUdeviceptr va, CUmemGenericAllocationHandle h);

@@ -86,6 +86,33 @@ static bool granularity_ok(struct device *d)
   return true;
 }
 
+/* A digest of the allocations that ignores their order: threads (a framework's autograd
+ * thread) may interleave them differently on each rank. */
+void psa_digest_alloc(struct device *d, uint64_t size)
+{
+  uint64_t x = size + 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  d->alloc_digest += x ^ (x >> 31);
+}
+
+void psa_first_iteration_done(void)
+{
+  static atomic_flag done = ATOMIC_FLAG_INIT;
+  if (atomic_flag_test_and_set(&done) || psc_nranks() < 2)
+    return;
+  uint64_t digest = 0;
+  for (int i = 0; i < PSA_MAX_DEVICES; i++) {
+    struct device *d = &psa_devices[i];
+    if (!d->ready)
+      continue;
+    pthread_mutex_lock(&d->lock);
+    digest = digest * 31 + d->alloc_digest + (uint64_t)i;
+    pthread_mutex_unlock(&d->lock);
+  }
+  psc_check_alloc_hash(digest); /* says a difference itself, on every rank */
+}
+
 /* Under torchrun the ranks of a node meet once: every rank must run with the same
  * configuration (a mismatch is said in one line on every rank, which then runs on its
  * own), and together they pin at most PSSHIM_HOST_BUDGET (comm/'s node accounting). A

@@ -58,6 +58,8 @@ static void track_iteration(const struct pst_launch *l)
   if (boundary) {
     struct pst_record r = {.type = PST_REC_ITERATION, .iteration = {.iteration = it, .period = per}};
     pst_trace_emit(&r);
+    if (it == 1)
+      psa_first_iteration_done();
   }
 }
 

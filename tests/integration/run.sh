@@ -78,15 +78,17 @@ ranks)
   # Two ranks of one node, started as torchrun starts them, each spilling 72 MiB of host
   # frames (24 MiB GPU budget, 96 MiB peak).
   native=$("$prog" 6 8 4) || fail "native run: $native"
-  two_ranks() { # case name, then settings for both ranks; RANK1_ENV adds settings for rank 1
+  two_ranks() { # case name, then settings for both ranks; RANK1_ENV adds settings for rank 1,
+    # ARGS replaces the program's arguments (6 8 4), RANK1_ARGS rank 1's
     local port=$((20000 + RANDOM % 30000)) name=$1 r
     shift
     for r in 0 1; do
-      local extra=()
+      local extra=() args=(${ARGS:-6 8 4})
       [ $r = 1 ] && [ -n "${RANK1_ENV:-}" ] && extra=($RANK1_ENV)
+      [ $r = 1 ] && [ -n "${RANK1_ARGS:-}" ] && args=($RANK1_ARGS)
       env WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 RANK=$r LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
         PSSHIM_COMM_TIMEOUT_S=20 PSSHIM_GPU_BUDGET=24M PSSHIM_STATS="$tmp/$name.$r.json" "$@" "${extra[@]}" \
-        LD_PRELOAD="$lib" "$prog" 6 8 4 >"$tmp/$name.$r.out" 2>"$tmp/$name.$r.err" &
+        LD_PRELOAD="$lib" "$prog" "${args[@]}" >"$tmp/$name.$r.out" 2>"$tmp/$name.$r.err" &
       eval "pid$r=\$!"
     done
     wait "$pid0"; status0=$?
@@ -122,6 +124,24 @@ PY
     [ "$(eval echo \$status$r)" = 0 ] || fail "rank $r failed after the mismatch"
   done
   echo "a chunk-size mismatch is named on every rank: $(grep -h PSSHIM_CHUNK_SIZE "$tmp/mismatch.0.err" | head -1)"
+
+  # The allocations up to the first iteration boundary (found by observing launches) are
+  # compared: equal programs say nothing; rank 1 with smaller layers is named on both ranks.
+  observe=(PSSHIM_POLICY=auto PSSHIM_RUNAHEAD=4 PSSHIM_CUPTI="$FAKE_CUPTI" PSSHIM_HOST_BUDGET=400M)
+  ARGS="30 8 4" two_ranks same_allocs "${observe[@]}"
+  for r in 0 1; do
+    [ "$(eval echo \$status$r)" = 0 ] || fail "rank $r (same allocations): $(cat "$tmp/same_allocs.$r.err")"
+    [ ! -s "$tmp/same_allocs.$r.err" ] || fail "rank $r (same allocations) wrote: $(cat "$tmp/same_allocs.$r.err")"
+    python3 -c "import json,sys; assert json.load(open(sys.argv[1]))['iterations'] >= 1, 'no iteration boundary'" \
+      "$tmp/same_allocs.$r.json" || fail "rank $r saw no iteration boundary: the check did not run"
+  done
+  ARGS="30 8 4" RANK1_ARGS="30 8 3" two_ranks other_allocs "${observe[@]}"
+  for r in 0 1; do
+    grep -q "rank 1 allocated differently from rank 0" "$tmp/other_allocs.$r.err" \
+      || fail "rank $r did not name the allocation mismatch: $(cat "$tmp/other_allocs.$r.err")"
+    [ "$(eval echo \$status$r)" = 0 ] || fail "rank $r failed after the allocation mismatch"
+  done
+  echo "an allocation-sequence mismatch is named on every rank: $(head -1 "$tmp/other_allocs.0.err")"
   ;;
 nccl)
   under_psshim PSSHIM_TRACE="$tmp/nccl.trace" "$prog" || fail "nccl doors"
