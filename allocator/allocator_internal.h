@@ -13,7 +13,8 @@
 #define PSA_NO_FRAME UINT32_MAX
 #define PSA_MAX_MIGRATIONS 64   /* moves whose copies are in flight at once per device */
 #define PSA_USER_MARKS 4        /* streams whose use of a chunk is tracked at once */
-#define PSA_USES 8              /* recent uses remembered per chunk, to predict the next */
+#define PSA_USES 32             /* recent uses remembered per chunk, to predict the next: a
+                                   chunk used more often per iteration counts as always due */
 
 /* Physical memory of one chunk's size, with a fixed second mapping (staging) through
  * which migration copies into it while the chunk's own addresses still point elsewhere. */
