@@ -505,14 +505,14 @@ static void exit_chunk(struct device *d, uint64_t chunk, struct visit *v)
   }
 }
 
-/* Work whose accesses psshim cannot see (CUDA graphs) may touch any chunk: copies in
- * flight complete before it, and paging stops for good, said once. */
-static void stop_paging(void)
+/* Work whose accesses psshim cannot see (CUDA graphs, array copies) may touch any chunk:
+ * copies in flight complete before it, and paging stops for good, said once. */
+static void stop_paging(const char *what)
 {
   if (atomic_exchange(&paging_off, true))
     return;
-  ps_log(PS_LOG_WARN, "a CUDA graph was launched: its memory accesses cannot be observed, so paging stops "
-                      "(placement stays as it is)");
+  ps_log(PS_LOG_WARN, "%s ran: its memory accesses cannot be observed, so paging stops (placement stays as it is)",
+         what ? what : "a CUDA graph or an unparsed copy");
   for (int i = 0; i < PSA_MAX_DEVICES; i++) {
     struct device *d = &psa_devices[i];
     if (!d->ready)
@@ -527,7 +527,7 @@ static void stop_paging(void)
 void psa_on_moment(const struct pst_launch *l, bool enter)
 {
   if (l->opaque && enter)
-    stop_paging();
+    stop_paging(l->name);
   struct visit v = {.l = l};
   if (l->nptrs)
     for_each_chunk(&v, enter ? enter_chunk : exit_chunk);

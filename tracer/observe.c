@@ -139,50 +139,125 @@ static void scan_launch(struct found *f, void *func, void **params, void **extra
   }
 }
 
-/* ---- transfers: every copy and memset parameter struct CUPTI hands over starts with
- * (destination, source or value, count[, stream]) in 8-byte slots ---- */
+/* ---- transfers: copies and memsets. A copy touches whole allocations, and an allocation
+ * lies in one span, so the device pointer each side starts at is all the pager needs. ---- */
 
-struct transfer_params {
+enum transfer_layout {
+  L_LINEAR, /* (dst, src or value, count[, stream]): the 1D copies and memsets */
+  L_SET2D,  /* (dst, pitch, value, width, height[, stream]) */
+  L_COPY2D, /* (const CUDA_MEMCPY2D *[, stream]) */
+  L_COPY3D, /* (const CUDA_MEMCPY3D *[, stream]) */
+  L_PEER,   /* (dst, dst context, src, src context, count[, stream]) */
+  L_BATCH,  /* (dsts, srcs, sizes, count, ...) */
+  L_UNSEEN, /* arrays, 3D peer and 3D batch copies: not parsed, so paging stops */
+};
+enum { T_ANY, T_H2D, T_D2H, T_D2D, T_SET8, T_SET16, T_SET32 };
+struct transfer_kind {
+  CUpti_CallbackId cbid;
+  uint8_t layout, kind;
+  int16_t stream_at; /* offset of the stream in the parameter struct, -1: none */
+};
+
+struct linear_params {
   uint64_t dst, src;
   size_t count;
   CUstream stream;
 };
-_Static_assert(offsetof(cuMemsetD32Async_params, N) == offsetof(struct transfer_params, count), "memset layout");
-_Static_assert(offsetof(cuMemcpyHtoDAsync_v2_params, hStream) == offsetof(struct transfer_params, stream), "copy layout");
+_Static_assert(offsetof(cuMemsetD32Async_params, N) == offsetof(struct linear_params, count), "memset layout");
+_Static_assert(offsetof(cuMemsetD16Async_params, N) == offsetof(struct linear_params, count), "memset layout");
+_Static_assert(offsetof(cuMemcpyHtoDAsync_v2_params, hStream) == offsetof(struct linear_params, stream), "copy layout");
 
-enum { T_ANY, T_H2D, T_D2H, T_D2D, T_SET8, T_SET32 };
-struct transfer_kind {
-  CUpti_CallbackId cbid;
-  uint8_t kind;
-  bool has_stream;
-};
+#define NO_STREAM (-1)
+#define LIN_STREAM ((int16_t)offsetof(struct linear_params, stream))
+#define SET2D_STREAM ((int16_t)offsetof(cuMemsetD2D8Async_params, hStream))
+#define COPY2D_STREAM ((int16_t)offsetof(cuMemcpy2DAsync_v2_params, hStream))
+#define COPY3D_STREAM ((int16_t)offsetof(cuMemcpy3DAsync_v2_params, hStream))
+#define PEER_STREAM ((int16_t)offsetof(cuMemcpyPeerAsync_params, hStream))
+#define CB(name) CUPTI_DRIVER_TRACE_CBID_##name
 
 static const struct transfer_kind transfers[] = {
-    {CUPTI_DRIVER_TRACE_CBID_cuMemcpy, T_ANY, false},
-    {CUPTI_DRIVER_TRACE_CBID_cuMemcpy_ptds, T_ANY, false},
-    {CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync, T_ANY, true},
-    {CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync_ptsz, T_ANY, true},
-    {CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoD_v2, T_H2D, false},
-    {CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoD_v2_ptds, T_H2D, false},
-    {CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoDAsync_v2, T_H2D, true},
-    {CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoDAsync_v2_ptsz, T_H2D, true},
-    {CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoH_v2, T_D2H, false},
-    {CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoH_v2_ptds, T_D2H, false},
-    {CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoHAsync_v2, T_D2H, true},
-    {CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoHAsync_v2_ptsz, T_D2H, true},
-    {CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoD_v2, T_D2D, false},
-    {CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoD_v2_ptds, T_D2D, false},
-    {CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoDAsync_v2, T_D2D, true},
-    {CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoDAsync_v2_ptsz, T_D2D, true},
-    {CUPTI_DRIVER_TRACE_CBID_cuMemsetD8_v2, T_SET8, false},
-    {CUPTI_DRIVER_TRACE_CBID_cuMemsetD8_v2_ptds, T_SET8, false},
-    {CUPTI_DRIVER_TRACE_CBID_cuMemsetD8Async, T_SET8, true},
-    {CUPTI_DRIVER_TRACE_CBID_cuMemsetD8Async_ptsz, T_SET8, true},
-    {CUPTI_DRIVER_TRACE_CBID_cuMemsetD32_v2, T_SET32, false},
-    {CUPTI_DRIVER_TRACE_CBID_cuMemsetD32_v2_ptds, T_SET32, false},
-    {CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async, T_SET32, true},
-    {CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async_ptsz, T_SET32, true},
+    {CB(cuMemcpy), L_LINEAR, T_ANY, NO_STREAM},
+    {CB(cuMemcpy_ptds), L_LINEAR, T_ANY, NO_STREAM},
+    {CB(cuMemcpyAsync), L_LINEAR, T_ANY, LIN_STREAM},
+    {CB(cuMemcpyAsync_ptsz), L_LINEAR, T_ANY, LIN_STREAM},
+    {CB(cuMemcpyHtoD_v2), L_LINEAR, T_H2D, NO_STREAM},
+    {CB(cuMemcpyHtoD_v2_ptds), L_LINEAR, T_H2D, NO_STREAM},
+    {CB(cuMemcpyHtoDAsync_v2), L_LINEAR, T_H2D, LIN_STREAM},
+    {CB(cuMemcpyHtoDAsync_v2_ptsz), L_LINEAR, T_H2D, LIN_STREAM},
+    {CB(cuMemcpyDtoH_v2), L_LINEAR, T_D2H, NO_STREAM},
+    {CB(cuMemcpyDtoH_v2_ptds), L_LINEAR, T_D2H, NO_STREAM},
+    {CB(cuMemcpyDtoHAsync_v2), L_LINEAR, T_D2H, LIN_STREAM},
+    {CB(cuMemcpyDtoHAsync_v2_ptsz), L_LINEAR, T_D2H, LIN_STREAM},
+    {CB(cuMemcpyDtoD_v2), L_LINEAR, T_D2D, NO_STREAM},
+    {CB(cuMemcpyDtoD_v2_ptds), L_LINEAR, T_D2D, NO_STREAM},
+    {CB(cuMemcpyDtoDAsync_v2), L_LINEAR, T_D2D, LIN_STREAM},
+    {CB(cuMemcpyDtoDAsync_v2_ptsz), L_LINEAR, T_D2D, LIN_STREAM},
+    {CB(cuMemsetD8_v2), L_LINEAR, T_SET8, NO_STREAM},
+    {CB(cuMemsetD8_v2_ptds), L_LINEAR, T_SET8, NO_STREAM},
+    {CB(cuMemsetD8Async), L_LINEAR, T_SET8, LIN_STREAM},
+    {CB(cuMemsetD8Async_ptsz), L_LINEAR, T_SET8, LIN_STREAM},
+    {CB(cuMemsetD16_v2), L_LINEAR, T_SET16, NO_STREAM},
+    {CB(cuMemsetD16_v2_ptds), L_LINEAR, T_SET16, NO_STREAM},
+    {CB(cuMemsetD16Async), L_LINEAR, T_SET16, LIN_STREAM},
+    {CB(cuMemsetD16Async_ptsz), L_LINEAR, T_SET16, LIN_STREAM},
+    {CB(cuMemsetD32_v2), L_LINEAR, T_SET32, NO_STREAM},
+    {CB(cuMemsetD32_v2_ptds), L_LINEAR, T_SET32, NO_STREAM},
+    {CB(cuMemsetD32Async), L_LINEAR, T_SET32, LIN_STREAM},
+    {CB(cuMemsetD32Async_ptsz), L_LINEAR, T_SET32, LIN_STREAM},
+    {CB(cuMemsetD2D8_v2), L_SET2D, T_SET8, NO_STREAM},
+    {CB(cuMemsetD2D8_v2_ptds), L_SET2D, T_SET8, NO_STREAM},
+    {CB(cuMemsetD2D8Async), L_SET2D, T_SET8, SET2D_STREAM},
+    {CB(cuMemsetD2D8Async_ptsz), L_SET2D, T_SET8, SET2D_STREAM},
+    {CB(cuMemsetD2D16_v2), L_SET2D, T_SET16, NO_STREAM},
+    {CB(cuMemsetD2D16_v2_ptds), L_SET2D, T_SET16, NO_STREAM},
+    {CB(cuMemsetD2D16Async), L_SET2D, T_SET16, SET2D_STREAM},
+    {CB(cuMemsetD2D16Async_ptsz), L_SET2D, T_SET16, SET2D_STREAM},
+    {CB(cuMemsetD2D32_v2), L_SET2D, T_SET32, NO_STREAM},
+    {CB(cuMemsetD2D32_v2_ptds), L_SET2D, T_SET32, NO_STREAM},
+    {CB(cuMemsetD2D32Async), L_SET2D, T_SET32, SET2D_STREAM},
+    {CB(cuMemsetD2D32Async_ptsz), L_SET2D, T_SET32, SET2D_STREAM},
+    {CB(cuMemcpy2D_v2), L_COPY2D, T_ANY, NO_STREAM},
+    {CB(cuMemcpy2D_v2_ptds), L_COPY2D, T_ANY, NO_STREAM},
+    {CB(cuMemcpy2DUnaligned_v2), L_COPY2D, T_ANY, NO_STREAM},
+    {CB(cuMemcpy2DUnaligned_v2_ptds), L_COPY2D, T_ANY, NO_STREAM},
+    {CB(cuMemcpy2DAsync_v2), L_COPY2D, T_ANY, COPY2D_STREAM},
+    {CB(cuMemcpy2DAsync_v2_ptsz), L_COPY2D, T_ANY, COPY2D_STREAM},
+    {CB(cuMemcpy3D_v2), L_COPY3D, T_ANY, NO_STREAM},
+    {CB(cuMemcpy3D_v2_ptds), L_COPY3D, T_ANY, NO_STREAM},
+    {CB(cuMemcpy3DAsync_v2), L_COPY3D, T_ANY, COPY3D_STREAM},
+    {CB(cuMemcpy3DAsync_v2_ptsz), L_COPY3D, T_ANY, COPY3D_STREAM},
+    {CB(cuMemcpyPeer), L_PEER, T_ANY, NO_STREAM},
+    {CB(cuMemcpyPeer_ptds), L_PEER, T_ANY, NO_STREAM},
+    {CB(cuMemcpyPeerAsync), L_PEER, T_ANY, PEER_STREAM},
+    {CB(cuMemcpyPeerAsync_ptsz), L_PEER, T_ANY, PEER_STREAM},
+    {CB(cuMemcpyBatchAsync), L_BATCH, T_ANY, (int16_t)offsetof(cuMemcpyBatchAsync_params, hStream)},
+    {CB(cuMemcpyBatchAsync_ptsz), L_BATCH, T_ANY, (int16_t)offsetof(cuMemcpyBatchAsync_ptsz_params, hStream)},
+    {CB(cuMemcpyBatchAsync_v2), L_BATCH, T_ANY, (int16_t)offsetof(cuMemcpyBatchAsync_v2_params, hStream)},
+    {CB(cuMemcpyBatchAsync_v2_ptsz), L_BATCH, T_ANY, (int16_t)offsetof(cuMemcpyBatchAsync_v2_ptsz_params, hStream)},
+    {CB(cuMemcpyAtoD_v2), L_UNSEEN, T_ANY, NO_STREAM},
+    {CB(cuMemcpyAtoD_v2_ptds), L_UNSEEN, T_ANY, NO_STREAM},
+    {CB(cuMemcpyDtoA_v2), L_UNSEEN, T_ANY, NO_STREAM},
+    {CB(cuMemcpyDtoA_v2_ptds), L_UNSEEN, T_ANY, NO_STREAM},
+    {CB(cuMemcpy3DPeer), L_UNSEEN, T_ANY, NO_STREAM},
+    {CB(cuMemcpy3DPeer_ptds), L_UNSEEN, T_ANY, NO_STREAM},
+    {CB(cuMemcpy3DPeerAsync), L_UNSEEN, T_ANY, (int16_t)offsetof(cuMemcpy3DPeerAsync_params, hStream)},
+    {CB(cuMemcpy3DPeerAsync_ptsz), L_UNSEEN, T_ANY, (int16_t)offsetof(cuMemcpy3DPeerAsync_ptsz_params, hStream)},
+    {CB(cuMemcpy3DBatchAsync), L_UNSEEN, T_ANY, (int16_t)offsetof(cuMemcpy3DBatchAsync_params, hStream)},
+    {CB(cuMemcpy3DBatchAsync_ptsz), L_UNSEEN, T_ANY, (int16_t)offsetof(cuMemcpy3DBatchAsync_ptsz_params, hStream)},
+    {CB(cuMemcpy3DBatchAsync_v2), L_UNSEEN, T_ANY, (int16_t)offsetof(cuMemcpy3DBatchAsync_v2_params, hStream)},
+    {CB(cuMemcpy3DBatchAsync_v2_ptsz), L_UNSEEN, T_ANY,
+     (int16_t)offsetof(cuMemcpy3DBatchAsync_v2_ptsz_params, hStream)},
 };
+
+/* The stream a call's work goes to: the per-thread default stream for a _ptsz/_ptds entry
+ * point given no stream (waits and marks must go there, not to the legacy stream). */
+static uint64_t stream_of(const char *function, CUstream s)
+{
+  size_t n = function ? strlen(function) : 0;
+  if (!s && n > 5 && (!strcmp(function + n - 5, "_ptsz") || !strcmp(function + n - 5, "_ptds")))
+    s = CU_STREAM_PER_THREAD;
+  return (uint64_t)(uintptr_t)s;
+}
 
 static const CUpti_CallbackId launches[] = {
     CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel,        CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz,
@@ -199,17 +274,17 @@ static const struct transfer_kind *transfer_of(CUpti_CallbackId cbid)
   return NULL;
 }
 
-static uint32_t copy_kind(const struct transfer_kind *t, const struct transfer_params *p)
+static uint32_t copy_kind(const struct transfer_kind *t, uint64_t dst, uint64_t src)
 {
   switch (t->kind) {
   case T_H2D: return PST_COPY_H2D;
   case T_D2H: return PST_COPY_D2H;
   case T_D2D: return PST_COPY_D2D;
-  case T_SET8: case T_SET32: return PST_COPY_MEMSET;
+  case T_SET8: case T_SET16: case T_SET32: return PST_COPY_MEMSET;
   default: /* unified addresses: judge by which side psshim holds */
-    if (psa_owns(p->dst) && !psa_owns(p->src))
+    if (psa_owns(dst) && !psa_owns(src))
       return PST_COPY_H2D;
-    if (psa_owns(p->src) && !psa_owns(p->dst))
+    if (psa_owns(src) && !psa_owns(dst))
       return PST_COPY_D2H;
     return PST_COPY_D2D;
   }
@@ -253,28 +328,85 @@ static void on_launch(CUpti_CallbackId cbid, const CUpti_CallbackData *cb, struc
   if (func)
     scan_launch(f, func, params, extra);
   l->kind = PST_MOMENT_KERNEL;
-  l->stream = (uint64_t)(uintptr_t)stream;
+  l->stream = stream_of(cb->functionName, stream);
   l->name = cb->symbolName;
   l->signature = (uint64_t)(uintptr_t)func * 0x9E3779B97F4A7C15ull;
 }
 
+static uint64_t device_side(CUmemorytype type, CUdeviceptr p)
+{
+  return type == CU_MEMORYTYPE_DEVICE || type == CU_MEMORYTYPE_UNIFIED ? p : 0;
+}
+
+_Static_assert(offsetof(cuMemsetD2D32Async_params, Height) == offsetof(cuMemsetD2D8Async_params, Height), "2D memsets");
+_Static_assert(offsetof(cuMemsetD2D16_v2_params, Height) == offsetof(cuMemsetD2D8_v2_params, Height), "2D memsets");
+_Static_assert(offsetof(cuMemcpyBatchAsync_params, count) == offsetof(cuMemcpyBatchAsync_v2_params, count), "batches");
+
 static void on_transfer(const struct transfer_kind *t, const CUpti_CallbackData *cb, struct pst_launch *l,
                         struct found *f)
 {
-  const struct transfer_params *p = cb->functionParams;
-  size_t bytes = p->count * (t->kind == T_SET32 ? 4 : 1);
-  l->kind = t->kind == T_SET8 || t->kind == T_SET32 ? PST_MOMENT_MEMSET : PST_MOMENT_COPY;
-  l->stream = t->has_stream ? (uint64_t)(uintptr_t)p->stream : 0;
+  const void *params = cb->functionParams;
+  uint64_t dst = 0, src = 0, bytes = 0;
+  switch (t->layout) {
+  case L_LINEAR: {
+    const struct linear_params *p = params;
+    dst = p->dst, src = p->src;
+    bytes = p->count * (t->kind == T_SET32 ? 4 : t->kind == T_SET16 ? 2 : 1);
+    break;
+  }
+  case L_SET2D: {
+    const cuMemsetD2D8_v2_params *p = params;
+    dst = p->dstDevice, bytes = p->dstPitch * p->Height;
+    break;
+  }
+  case L_COPY2D: {
+    const CUDA_MEMCPY2D *c = *(const CUDA_MEMCPY2D *const *)params;
+    if (c)
+      dst = device_side(c->dstMemoryType, c->dstDevice), src = device_side(c->srcMemoryType, c->srcDevice),
+      bytes = c->WidthInBytes * c->Height;
+    break;
+  }
+  case L_COPY3D: {
+    const CUDA_MEMCPY3D *c = *(const CUDA_MEMCPY3D *const *)params;
+    if (c)
+      dst = device_side(c->dstMemoryType, c->dstDevice), src = device_side(c->srcMemoryType, c->srcDevice),
+      bytes = c->WidthInBytes * c->Height * c->Depth;
+    break;
+  }
+  case L_PEER: {
+    const cuMemcpyPeer_params *p = params;
+    dst = p->dstDevice, src = p->srcDevice, bytes = p->ByteCount;
+    break;
+  }
+  case L_BATCH: {
+    const cuMemcpyBatchAsync_v2_params *p = params;
+    for (size_t i = 0; i < p->count; i++) {
+      if (psa_owns(p->dsts[i]))
+        add_ptr(f, p->dsts[i]);
+      if (psa_owns(p->srcs[i]))
+        add_ptr(f, p->srcs[i]);
+      bytes += p->sizes[i];
+    }
+    break;
+  }
+  default: /* L_UNSEEN */
+    l->opaque = true;
+    break;
+  }
+  bool set = t->kind == T_SET8 || t->kind == T_SET16 || t->kind == T_SET32;
+  l->kind = set ? PST_MOMENT_MEMSET : PST_MOMENT_COPY;
+  l->stream = stream_of(cb->functionName,
+                        t->stream_at >= 0 ? *(const CUstream *)((const char *)params + t->stream_at) : NULL);
   l->name = cb->functionName;
   l->bytes = bytes;
-  l->copy_kind = copy_kind(t, p);
+  l->copy_kind = copy_kind(t, dst, set ? 0 : src);
   l->signature = (uint64_t)t->cbid * 0xC2B2AE3D27D4EB4Full ^ bytes;
-  if (psa_owns(p->dst))
-    add_ptr(f, p->dst);
-  if (l->kind == PST_MOMENT_COPY && psa_owns(p->src))
-    add_ptr(f, p->src);
-  l->dst = p->dst;
-  l->src = l->kind == PST_MOMENT_COPY ? p->src : 0;
+  if (psa_owns(dst))
+    add_ptr(f, dst);
+  if (!set && psa_owns(src))
+    add_ptr(f, src);
+  l->dst = dst;
+  l->src = set ? 0 : src;
 }
 
 static void trace_moment(const struct pst_launch *l, bool truncated)

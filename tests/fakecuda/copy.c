@@ -149,3 +149,32 @@ FC_EXPORT CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size
 FC_EXPORT CUresult cuMemsetD32Async_ptsz(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream) {
   FC_TRACED(cuMemsetD32Async_ptsz, fill(dstDevice, ui, 4, N, hStream, true, false), dstDevice, ui, N, hStream);
 }
+FC_EXPORT CUresult cuMemsetD16_v2(CUdeviceptr dstDevice, unsigned short us, size_t N) {
+  FC_TRACED(cuMemsetD16_v2, fill(dstDevice, us, 2, N, NULL, false, true), dstDevice, us, N);
+}
+
+/* ---- 2D copies between linear memories (the fake has no arrays), row by row ---- */
+static CUdeviceptr side(CUmemorytype type, const void *host, CUdeviceptr dev) {
+  return type == CU_MEMORYTYPE_HOST ? H(host) : type == CU_MEMORYTYPE_DEVICE || type == CU_MEMORYTYPE_UNIFIED ? dev : 0;
+}
+
+static CUresult copy2d(const CUDA_MEMCPY2D *p, CUstream h, bool per_thread, bool sync) {
+  if (!p) return CUDA_ERROR_INVALID_VALUE;
+  CUdeviceptr dst = side(p->dstMemoryType, p->dstHost, p->dstDevice), src = side(p->srcMemoryType, p->srcHost, p->srcDevice);
+  if (!dst || !src) return CUDA_ERROR_NOT_SUPPORTED;
+  unsigned sides = (p->dstMemoryType == CU_MEMORYTYPE_DEVICE ? DST_DEV : 0) | (p->srcMemoryType == CU_MEMORYTYPE_DEVICE ? SRC_DEV : 0);
+  for (size_t y = 0; y < p->Height; y++) {
+    CUresult r = copy(dst + (p->dstY + y) * p->dstPitch + p->dstXInBytes, src + (p->srcY + y) * p->srcPitch + p->srcXInBytes,
+                      p->WidthInBytes, h, per_thread, sync && y + 1 == p->Height, sides);
+    if (r != CUDA_SUCCESS) return r;
+  }
+  return CUDA_SUCCESS;
+}
+FC_EXPORT CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *pCopy, CUstream hStream) {
+  FC_TRACED(cuMemcpy2DAsync_v2, copy2d(pCopy, hStream, false, false), pCopy, hStream);
+}
+
+/* Arrays are not simulated: the call is reported (an observer must treat it as unseen). */
+FC_EXPORT CUresult cuMemcpyAtoD_v2(CUdeviceptr dstDevice, CUarray srcArray, size_t srcOffset, size_t ByteCount) {
+  FC_TRACED(cuMemcpyAtoD_v2, CUDA_ERROR_NOT_SUPPORTED, dstDevice, srcArray, srcOffset, ByteCount);
+}

@@ -83,7 +83,10 @@ static void run_op(struct fc_op *op) {
         memset(op->u.memset.dst, (int)op->u.memset.value, op->u.memset.count);
       } else {
         unsigned char *d = op->u.memset.dst;
-        for (size_t i = 0; i < op->u.memset.count; i++) memcpy(d + 4 * i, &op->u.memset.value, 4);
+        unsigned elem = op->u.memset.elem;
+        uint16_t v16 = (uint16_t)op->u.memset.value;
+        const void *v = elem == 2 ? (const void *)&v16 : (const void *)&op->u.memset.value;
+        for (size_t i = 0; i < op->u.memset.count; i++) memcpy(d + elem * i, v, elem);
       }
       break;
     case FC_OP_KERNEL:

@@ -292,6 +292,8 @@ struct loop {
   unsigned seed;
   _Atomic uint64_t weight_bytes;
   CUcontext ctx;
+  int unseen_at;                /* >0: thread 0 makes a copy psshim cannot parse then */
+  uint64_t moves_at_unseen;     /* moves started by the time it returned */
 };
 
 struct trainer {
@@ -336,6 +338,13 @@ static void *trainer_main(void *arg)
         launch(fill_kernel, w[j].p, w[j].bytes, w[j].seed, w[j].stream);
       }
     }
+    if (t->id == 0 && it == lp->unseen_at && lp->unseen_at) {
+      if (cuMemcpyAtoD_v2(w[0].p, NULL, 0, 8) != CUDA_ERROR_NOT_SUPPORTED) /* arrays: not in the fake */
+        abort();
+      struct psa_stats st;
+      psa_stats_get(&st);
+      lp->moves_at_unseen = st.migrations_to_gpu + st.migrations_to_host;
+    }
     CUdeviceptr tmp;
     if (psa_alloc(0, temp_bytes, streams[1], &tmp))
       abort();
@@ -358,16 +367,22 @@ static void *trainer_main(void *arg)
 
 static uint64_t *moves_seen; /* by seed, shared with the children */
 
+struct loop_run {
+  unsigned seed;
+  int unseen_at;
+};
+
 static void run_loop(void *arg)
 {
-  unsigned seed = *(const unsigned *)arg, r = seed;
+  const struct loop_run *run = arg;
+  unsigned seed = run->seed, r = seed;
   static const char *budgets[] = {"4M", "8M", "12M", "20M", "32M"};
   const char *budget = budgets[rand_r(&r) % 5];
   setenv("PSSHIM_POLICY", "auto", 1);
   setenv("PSSHIM_RUNAHEAD", "16", 1); /* well under the loop's period of 40-130 launches */
   start(budget, "512M");
   struct loop lp = {.m = PTHREAD_MUTEX_INITIALIZER, .turn_changed = PTHREAD_COND_INITIALIZER,
-                    .threads = 2 + rand_r(&r) % 3, .iterations = 60, .seed = seed};
+                    .threads = 2 + rand_r(&r) % 3, .iterations = 60, .seed = seed, .unseen_at = run->unseen_at};
   ps_driver.cuCtxGetCurrent(&lp.ctx);
   pthread_t th[4];
   struct trainer t[4];
@@ -395,7 +410,10 @@ static void run_loop(void *arg)
     exit(15); /* the loop's period was not found: the policy below was not exercised */
   if (s.peak_gpu_frames * CHUNK > s.gpu_budget)
     exit(13);
-  moves_seen[seed] = s.migrations_to_gpu + s.migrations_to_host;
+  uint64_t moves = s.migrations_to_gpu + s.migrations_to_host;
+  if (run->unseen_at && (lp.moves_at_unseen == 0 || moves != lp.moves_at_unseen))
+    exit(16); /* nothing moved before the unseen copy, or something moved after it */
+  moves_seen[seed] = moves;
 }
 
 /* Random loops (threads, weights, budget) under each kind of slow driver. */
@@ -407,7 +425,8 @@ static void test_training_loop_with_pager(void **state)
   for (unsigned seed = 1; seed <= 10; seed++) {
     int i = (int)(seed % 5);
     set_delays(i);
-    int status = in_child(run_loop, &seed);
+    struct loop_run run = {.seed = seed};
+    int status = in_child(run_loop, &run);
     clear_delays();
     if (status)
       fail_msg("seed %u, copy/event/kernel delays %s/%s/%s us: exit %d", seed, delays[i][0], delays[i][1],
@@ -419,6 +438,21 @@ static void test_training_loop_with_pager(void **state)
     if (!moves_seen[seed] && !moves_seen[seed + 5])
       fail_msg("no chunk moved with delays %s/%s/%s us", delays[seed % 5][0], delays[seed % 5][1], delays[seed % 5][2]);
   munmap(moves_seen, 11 * sizeof *moves_seen);
+}
+
+/* A copy psshim cannot parse (an array copy) may touch any chunk: paging stops at once,
+ * for good, and the loop's data stays intact. */
+static void test_unseen_copy_stops_paging(void **state)
+{
+  (void)state;
+  moves_seen = mmap(NULL, 11 * sizeof *moves_seen, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  assert_true(moves_seen != MAP_FAILED);
+  struct loop_run run = {.seed = 1, .unseen_at = 40}; /* seed 1 moves chunks (see above) */
+  set_delays(3);
+  int status = in_child(run_loop, &run);
+  clear_delays();
+  munmap(moves_seen, 11 * sizeof *moves_seen);
+  assert_int_equal(status, 0);
 }
 
 /* ---- stream-ordered reuse, exactly ---- */
@@ -622,6 +656,7 @@ int main(void)
       cmocka_unit_test(test_random_programs_slow_kernels),
       cmocka_unit_test(test_random_programs_with_pager),
       cmocka_unit_test(test_training_loop_with_pager),
+      cmocka_unit_test(test_unseen_copy_stops_paging),
   };
   if (getenv("TEST_FILTER")) /* e.g. TEST_FILTER=*pager* to run one test under a debugger */
     cmocka_set_test_filter(getenv("TEST_FILTER"));

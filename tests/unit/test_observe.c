@@ -23,6 +23,8 @@ struct seen {
   uint64_t ptrs[16];
   uint32_t n;
   int kind;
+  uint64_t stream;
+  bool opaque;
 };
 static struct seen seen[32];
 static int nseen, exits;
@@ -41,6 +43,8 @@ static void record(const struct pst_launch *l, bool enter, void *user)
   s->n = l->nptrs < 16 ? l->nptrs : 16;
   memcpy(s->ptrs, l->ptrs, s->n * sizeof(uint64_t));
   s->kind = l->kind;
+  s->stream = l->stream;
+  s->opaque = l->opaque;
 }
 
 static void nop(void **args, void *user)
@@ -154,6 +158,44 @@ static void test_pointer_positions(void **state)
   assert_int_equal(psa_chunk_of(big + 2 * MiB + 4096, &ordinal), psa_chunk_of(big, &ordinal) + 1);
 }
 
+/* cuda.h names it only when per-thread default streams are compiled in. */
+CUresult CUDAAPI cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                     unsigned bz, unsigned shared, CUstream s, void **params, void **extra);
+
+/* Copies and memsets of every shape report the allocations they touch; one psshim cannot
+ * parse (an array copy) is marked opaque, so the pager stops instead of guessing; a
+ * per-thread entry point given no stream names the per-thread default stream. */
+static void test_transfers(void **state)
+{
+  (void)state;
+  nseen = 0;
+  static char host[2048];
+  CUDA_MEMCPY2D rows = {.srcMemoryType = CU_MEMORYTYPE_HOST, .srcHost = host, .srcPitch = 64,
+                        .dstMemoryType = CU_MEMORYTYPE_DEVICE, .dstDevice = c, .dstPitch = 256,
+                        .WidthInBytes = 64, .Height = 16};
+  assert_int_equal(cuMemcpy2DAsync_v2(&rows, 0), CUDA_SUCCESS);
+  assert_int_equal(cuMemsetD16_v2(a + 128, 0x1234, 100), CUDA_SUCCESS);
+  assert_int_equal(cuMemcpyAtoD_v2(b, NULL, 0, 16), CUDA_ERROR_NOT_SUPPORTED);
+  size_t one[] = {8};
+  CUfunction k = fakecuda_register_kernel("on_own_stream", nop, NULL, 1, one);
+  void *args[] = {&a};
+  assert_int_equal(cuLaunchKernel_ptsz(k, 1, 1, 1, 1, 1, 1, 0, NULL, args, NULL), CUDA_SUCCESS);
+  ps_driver.cuCtxSynchronize();
+
+  const struct seen *rows_seen = find("cuMemcpy2DAsync_v2");
+  assert_int_equal(rows_seen->kind, PST_MOMENT_COPY);
+  assert_int_equal(rows_seen->n, 1);
+  assert_int_equal(rows_seen->ptrs[0], c);
+  const struct seen *set16 = find("cuMemsetD16_v2");
+  assert_int_equal(set16->kind, PST_MOMENT_MEMSET);
+  assert_int_equal(set16->n, 1);
+  assert_int_equal(set16->ptrs[0], a + 128);
+  assert_false(set16->opaque);
+  assert_true(find("cuMemcpyAtoD_v2")->opaque);
+  assert_int_equal(find("on_own_stream")->stream, (uint64_t)(uintptr_t)CU_STREAM_PER_THREAD);
+  assert_int_equal(find("cuMemsetD16_v2")->stream, 0); /* the legacy stream, as called */
+}
+
 /* CUPTI allows one subscriber: while psshim holds it, another is refused. */
 static void test_second_subscriber_refused(void **state)
 {
@@ -166,6 +208,7 @@ int main(void)
 {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_pointer_positions),
+      cmocka_unit_test(test_transfers),
       cmocka_unit_test(test_second_subscriber_refused),
   };
   return cmocka_run_group_tests_name("observe", tests, setup, NULL);

@@ -7,6 +7,7 @@
 #include <cmocka.h>
 
 #include <signal.h>
+#include <stdbool.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -28,9 +29,22 @@ _Noreturn static void child(const char *path, int paced) {
   }
 }
 
+/* Whether the trace at path already holds a flushed "step" (the child's first flush). */
+static bool flushed(const char *path) {
+  struct trace_read t;
+  bool yes = test_trace_read(path, &t) && test_trace_string(&t, 1) && !strcmp(test_trace_string(&t, 1), "step");
+  test_trace_read_free(&t);
+  return yes;
+}
+
+/* Kills the child ms after its first flush (waited for, up to 10 s: a loaded machine may
+ * take longer than any fixed delay to get there). */
 static void kill_after(const char *path, int paced, int ms, struct trace_read *t) {
+  unlink(path);
   pid_t pid = fork();
   if (pid == 0) child(path, paced);
+  for (int i = 0; i < 1000 && !flushed(path); i++)
+    nanosleep(&(struct timespec){ .tv_nsec = 10000000L }, NULL);
   nanosleep(&(struct timespec){ .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L }, NULL);
   kill(pid, SIGKILL);
   int status;
