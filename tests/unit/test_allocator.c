@@ -660,5 +660,7 @@ int main(void)
   };
   if (getenv("TEST_FILTER")) /* e.g. TEST_FILTER=*pager* to run one test under a debugger */
     cmocka_set_test_filter(getenv("TEST_FILTER"));
+  if (getenv("TEST_SKIP")) /* e.g. the long random loops under valgrind */
+    cmocka_set_skip_filter(getenv("TEST_SKIP"));
   return cmocka_run_group_tests_name("allocator", tests, NULL, NULL);
 }
