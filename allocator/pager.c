@@ -485,8 +485,8 @@ static void exit_chunk(struct device *d, uint64_t chunk, struct visit *v)
   struct chunk *c = &d->chunks[chunk];
   if (c->in_flight)
     c->in_flight--;
-  if (v->l->failed)
-    return;
+  if (v->l->failed || atomic_load(&paging_off))
+    return; /* nothing enqueued, or nothing will move again: no mark needed */
   if (v->marked != d) {
     v->marked = d;
     v->mark = mark_new(d, (CUstream)(uintptr_t)v->l->stream);
@@ -505,29 +505,56 @@ static void exit_chunk(struct device *d, uint64_t chunk, struct visit *v)
   }
 }
 
-/* Work whose accesses psshim cannot see (CUDA graphs, array copies) may touch any chunk:
- * copies in flight complete before it, and paging stops for good, said once. */
-static void stop_paging(const char *what)
+/* Work whose accesses psshim cannot see (a CUDA graph, an array copy) may touch any chunk,
+ * and so may work being captured into a graph, which runs later: paging stops for good,
+ * said once. Nothing moves again, so only the copies already in flight matter: work that
+ * runs now (stream not capturing) waits for them on its stream. */
+static void stop_paging(const struct pst_launch *l, bool capturing)
 {
-  if (atomic_exchange(&paging_off, true))
+  if (!atomic_exchange(&paging_off, true))
+    ps_log(PS_LOG_WARN, "%s: its memory accesses cannot be observed, so paging stops (placement stays as it is)",
+           capturing ? "a stream is capturing a CUDA graph" : l->name ? l->name : "a CUDA graph launch");
+  if (capturing)
     return;
-  ps_log(PS_LOG_WARN, "%s ran: its memory accesses cannot be observed, so paging stops (placement stays as it is)",
-         what ? what : "a CUDA graph or an unparsed copy");
   for (int i = 0; i < PSA_MAX_DEVICES; i++) {
     struct device *d = &psa_devices[i];
     if (!d->ready)
       continue;
     pthread_mutex_lock(&d->lock);
-    while (d->ncopying)
-      psa_copy_done(d, d->copying[0], true);
+    for (uint32_t k = 0; k < d->ncopying;) {
+      uint64_t chunk = d->copying[k];
+      struct psa_mark *copy = d->chunks[chunk].copy;
+      if (!psa_copy_done(d, chunk, false) &&
+          PS_CU(ps_driver.cuStreamWaitEvent((CUstream)(uintptr_t)l->stream, copy->event, 0)))
+        psa_copy_done(d, chunk, true);
+      if (k < d->ncopying && d->copying[k] == chunk)
+        k++; /* else the slot now holds another chunk */
+    }
     pthread_mutex_unlock(&d->lock);
   }
 }
 
+/* Whether work on stream s is being captured into a graph rather than run (an error
+ * counts as yes: psshim must not add events or waits it cannot account for). */
+static bool capturing(uint64_t s)
+{
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  return ps_driver.cuStreamIsCapturing((CUstream)(uintptr_t)s, &status) != CUDA_SUCCESS ||
+         status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+static _Thread_local bool tls_unbracketed; /* this thread's current moment is not bracketed */
+
 void psa_on_moment(const struct pst_launch *l, bool enter)
 {
-  if (l->opaque && enter)
-    stop_paging(l->name);
+  if (enter) {
+    bool capture = l->nptrs && capturing(l->stream);
+    tls_unbracketed = l->opaque || capture;
+    if (tls_unbracketed)
+      stop_paging(l, capture);
+  }
+  if (tls_unbracketed)
+    return;
   struct visit v = {.l = l};
   if (l->nptrs)
     for_each_chunk(&v, enter ? enter_chunk : exit_chunk);

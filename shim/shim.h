@@ -55,6 +55,7 @@ void ps_log_write(int level, const char *fmt, ...) __attribute__((format(printf,
   X(cuStreamDestroy_v2, CUresult, (CUstream))                                         \
   X(cuStreamSynchronize, CUresult, (CUstream))                                        \
   X(cuStreamWaitEvent, CUresult, (CUstream, CUevent, unsigned int))                   \
+  X(cuStreamIsCapturing, CUresult, (CUstream, CUstreamCaptureStatus *))                \
   X(cuEventCreate, CUresult, (CUevent *, unsigned int))                               \
   X(cuEventDestroy_v2, CUresult, (CUevent))                                           \
   X(cuEventRecord, CUresult, (CUevent, CUstream))                                     \

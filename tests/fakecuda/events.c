@@ -10,7 +10,16 @@
 struct CUevent_st {
   unsigned flags;
   struct fc_signal *sig; /* latest record, NULL if never recorded (fc_sig_mu) */
+  _Atomic(struct CUstream_st *) captured; /* the capturing stream it was last recorded in */
 };
+
+/* A host wait or query on an event recorded in a capture: an error, and CUDA invalidates
+ * the capture. */
+static bool captured(struct CUevent_st *e) {
+  struct CUstream_st *s = atomic_load(&e->captured);
+  if (s) atomic_store(&s->capture_broken, true);
+  return s != NULL;
+}
 static struct fc_handles event_handles = FC_HANDLES_INIT;
 
 /* The event's latest signal with a reference taken, or NULL if never recorded. */
@@ -66,6 +75,7 @@ static CUresult event_record(CUevent e, CUstream h, bool per_thread) {
   CUresult r = check_event(e);
   if (r == CUDA_SUCCESS) r = fc_stream_resolve(h, per_thread, &s);
   if (r != CUDA_SUCCESS) return r;
+  atomic_store(&e->captured, atomic_load(&s->capturing) ? s : NULL);
   struct fc_signal *sig = fc_signal_new();
   struct fc_op *op = fc_op_new(FC_OP_RECORD, 0);
   if (!sig || !op) {
@@ -98,6 +108,7 @@ FC_EXPORT CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream) {
 static CUresult event_query(CUevent e) {
   CUresult r = check_event(e);
   if (r != CUDA_SUCCESS) return r;
+  if (captured(e)) return CUDA_ERROR_CAPTURED_EVENT;
   pthread_mutex_lock(&fc_sig_mu);
   bool done = !e->sig || e->sig->done;
   pthread_mutex_unlock(&fc_sig_mu);
@@ -108,6 +119,7 @@ FC_EXPORT CUresult cuEventQuery(CUevent hEvent) { FC_TRACED(cuEventQuery, event_
 static CUresult event_synchronize(CUevent e) {
   CUresult r = check_event(e);
   if (r != CUDA_SUCCESS) return r;
+  if (captured(e)) return CUDA_ERROR_CAPTURED_EVENT;
   struct fc_signal *s = latest(e);
   if (s) {
     fc_signal_wait(s);
@@ -152,6 +164,10 @@ static CUresult stream_wait_event(CUstream h, CUevent e, unsigned flags, bool pe
   if (r == CUDA_SUCCESS) r = fc_stream_resolve(h, per_thread, &s);
   if (r != CUDA_SUCCESS) return r;
   if (flags & ~(unsigned)CU_EVENT_WAIT_EXTERNAL) return CUDA_ERROR_INVALID_VALUE;
+  if (atomic_load(&s->capturing) && atomic_load(&e->captured) != s) {
+    atomic_store(&s->capture_broken, true);
+    return CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
+  }
   struct fc_signal *sig = latest(e);
   if (!sig) return CUDA_SUCCESS; /* never recorded: nothing to wait for */
   struct fc_op *op = fc_op_new(FC_OP_WAIT_SIGNAL, 0);

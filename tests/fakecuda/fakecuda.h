@@ -31,6 +31,7 @@
 #define FAKECUDA_H
 
 #include <cuda.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 #define FAKECUDA_API __attribute__((visibility("default")))
@@ -71,6 +72,16 @@ typedef void (*fakecuda_api_callback)(int cbid, int site, const char *name, cons
 FAKECUDA_API void fakecuda_set_api_callback(fakecuda_api_callback cb, void *user);
 /* The slot the fake libcupti uses; tests use fakecuda_set_api_callback. */
 FAKECUDA_API void fakecuda_set_cupti_callback(fakecuda_api_callback cb, void *user);
+
+/* Puts a stream in (or out of) graph-capture mode as far as the API is concerned: the fake
+ * builds no graph and still runs the work, but cuStreamIsCapturing says so, an event
+ * recorded there cannot be queried or waited for from the host (CUDA_ERROR_CAPTURED_EVENT),
+ * and the stream may not wait for an event recorded outside the capture
+ * (CUDA_ERROR_STREAM_CAPTURE_ISOLATION) nor be synchronized. */
+FAKECUDA_API void fakecuda_stream_set_capturing(CUstream stream, bool on);
+/* Whether a call broke those rules since the stream began capturing (CUDA would have
+ * invalidated the capture, and the program's graph with it). */
+FAKECUDA_API bool fakecuda_stream_capture_broken(CUstream stream);
 
 /* Changes the FAKECUDA_*_DELAY_US values at run time (for tests that need several). */
 FAKECUDA_API void fakecuda_set_delays(unsigned copy_us, unsigned event_us, unsigned kernel_us);

@@ -40,6 +40,7 @@ CUresult cuLaunchKernel_ptsz(CUfunction, unsigned, unsigned, unsigned, unsigned,
 CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *, CUfunction, void **, void **);
 CUresult cuStreamSynchronize_ptsz(CUstream);
 CUresult cuStreamQuery_ptsz(CUstream);
+CUresult cuStreamIsCapturing_ptsz(CUstream, CUstreamCaptureStatus *);
 CUresult cuStreamWaitEvent_ptsz(CUstream, CUevent, unsigned int);
 CUresult cuEventRecord_ptsz(CUevent, CUstream);
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr *, size_t, CUstream);
@@ -169,6 +170,8 @@ struct CUstream_st {
   uint64_t submitted, completed;
   atomic_int refs; /* the handle, the worker, and each WAIT_STREAM op on it */
   bool dead;       /* destroyed: takes no more work (ctx->mu) */
+  _Atomic bool capturing; /* fakecuda_stream_set_capturing: capture's API rules apply */
+  _Atomic bool capture_broken; /* a call broke those rules: CUDA would invalidate the capture */
   struct CUstream_st *next; /* in ctx->streams (ctx->mu) */
 };
 /* Resolves a stream argument: 0 means the legacy stream (or the per-thread one when

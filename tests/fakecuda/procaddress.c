@@ -66,6 +66,7 @@ static const struct proc procs[] = {
     {"cuStreamDestroy", 4000, F(cuStreamDestroy_v2), NULL},
     {"cuStreamSynchronize", 2000, F(cuStreamSynchronize), F(cuStreamSynchronize_ptsz)},
     {"cuStreamQuery", 2000, F(cuStreamQuery), F(cuStreamQuery_ptsz)},
+    {"cuStreamIsCapturing", 10000, F(cuStreamIsCapturing), F(cuStreamIsCapturing_ptsz)},
     {"cuStreamWaitEvent", 3020, F(cuStreamWaitEvent), F(cuStreamWaitEvent_ptsz)},
     {"cuEventCreate", 2000, F(cuEventCreate), NULL},
     {"cuEventDestroy", 2000, F(fc_cuEventDestroy_v1), NULL},

@@ -413,6 +413,10 @@ FC_EXPORT CUresult fc_cuStreamDestroy_v1(CUstream hStream) {
 static CUresult stream_synchronize(CUstream h, bool per_thread) {
   struct CUstream_st *s;
   CUresult r = fc_stream_resolve(h, per_thread, &s);
+  if (r == CUDA_SUCCESS && atomic_load(&s->capturing)) {
+    atomic_store(&s->capture_broken, true);
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
   return r != CUDA_SUCCESS ? r : fc_stream_sync(s);
 }
 FC_EXPORT CUresult cuStreamSynchronize(CUstream hStream) {
@@ -430,4 +434,31 @@ static CUresult stream_query(CUstream h, bool per_thread) {
 FC_EXPORT CUresult cuStreamQuery(CUstream hStream) { FC_TRACED(cuStreamQuery, stream_query(hStream, false), hStream); }
 FC_EXPORT CUresult cuStreamQuery_ptsz(CUstream hStream) {
   FC_TRACED(cuStreamQuery_ptsz, stream_query(hStream, true), hStream);
+}
+
+static CUresult stream_is_capturing(CUstream h, CUstreamCaptureStatus *status, bool per_thread) {
+  struct CUstream_st *s;
+  CUresult r = fc_stream_resolve(h, per_thread, &s);
+  if (r != CUDA_SUCCESS) return r;
+  if (!status) return CUDA_ERROR_INVALID_VALUE;
+  *status = atomic_load(&s->capturing) ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+  return CUDA_SUCCESS;
+}
+FC_EXPORT CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus) {
+  FC_TRACED(cuStreamIsCapturing, stream_is_capturing(hStream, captureStatus, false), hStream, captureStatus);
+}
+FC_EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus) {
+  FC_TRACED(cuStreamIsCapturing_ptsz, stream_is_capturing(hStream, captureStatus, true), hStream, captureStatus);
+}
+
+FC_EXPORT void fakecuda_stream_set_capturing(CUstream h, bool on) {
+  struct CUstream_st *s;
+  if (fc_stream_resolve(h, false, &s) != CUDA_SUCCESS) return;
+  if (on && !atomic_load(&s->capturing)) atomic_store(&s->capture_broken, false);
+  atomic_store(&s->capturing, on);
+}
+
+FC_EXPORT bool fakecuda_stream_capture_broken(CUstream h) {
+  struct CUstream_st *s;
+  return fc_stream_resolve(h, false, &s) == CUDA_SUCCESS && atomic_load(&s->capture_broken);
 }
