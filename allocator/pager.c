@@ -1,7 +1,8 @@
 /* Paging: moving chunks between GPU and host frames while kernels run (PSSHIM_POLICY=auto).
  *
  * The protocol, which never races a kernel (cuMemUnmap does not wait for kernels) and never
- * makes the host wait for the GPU:
+ * makes a launch wait on the host for a copy (the host is held back only by the run-ahead
+ * bound, PSSHIM_RUNAHEAD launches ahead of the GPU, so that chunks become quiescent):
  * - Every observed launch brackets its chunks: between its enter and exit they are "in
  *   flight"; after it is enqueued, a mark (an event) recorded behind it on its stream is
  *   kept on each chunk it touched, one per stream.
@@ -12,9 +13,11 @@
  *   copy is done.
  * - A launch that touches the chunk before its copy is seen complete makes its stream wait
  *   for the copy (a stream wait, not a host wait): kernels always find the data in place.
- * Decisions (which chunk, when) come from policy/: from the iteration's period, chunks in
- * host frames that will be used soonest are fetched into free GPU frames, or into the frames
- * of GPU chunks used later (OPT on predicted next uses). Correctness never depends on them. */
+ * Decisions (which chunk, when) come from policy/ and the iteration's period: room is kept
+ * for the iteration's short-lived allocations (the margin), and chunks in host frames that
+ * will be used soonest are fetched into free GPU frames or into the frames of GPU chunks
+ * used later (OPT on predicted next uses). Correctness never depends on them. Work psshim
+ * cannot see (graph launches, array copies, graph capture) stops paging for good. */
 #include "allocator/allocator_internal.h"
 #include "policy/policy.h"
 #include "tracer/tracer.h"
@@ -319,15 +322,16 @@ static bool on(const struct device *d, const struct chunk *c, enum psa_where w)
   return c->frame != PSA_NO_FRAME && d->frames[c->frame].where == w;
 }
 
-/* The chunks in `w` frames that a move might take now (in use or being copied: not),
- * with predicted next uses, in the order to consider them: for fetches (host) the soonest
- * first, for victims (GPU) the farthest first. Without a period, a fetch's "soonest" is
- * the most recently used. Returns how many. */
+/* Made within the last iteration: the iteration's own, short-lived allocations. */
 static bool young(const struct span *s, uint64_t now, uint64_t period)
 {
   return now - s->born < period;
 }
 
+/* The chunks in `w` frames that a move might take now (in use or being copied: not),
+ * with predicted next uses, in the order to consider them: for fetches (host) the soonest
+ * first, for victims (GPU) the farthest first. Without a period, a fetch's "soonest" is
+ * the most recently used. Returns how many. */
 static size_t candidates(struct device *d, enum psa_where w, uint64_t now, uint64_t period, psp_cand *out)
 {
   size_t n = 0;
