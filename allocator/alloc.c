@@ -83,6 +83,7 @@ CUresult psa_alloc(int ordinal, size_t size, CUstream stream, CUdeviceptr *p)
   }
   s->live_bytes += asize;
   s->live_allocs++;
+  s->last_alloc = d->clock;
   psa_digest_alloc(d, asize);
   d->stats.allocs++;
   d->stats.live_bytes += asize;

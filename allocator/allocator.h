@@ -77,6 +77,10 @@ struct psa_stats {
   uint64_t mapped_at_peak;              /* chunks mapped when live bytes peaked: the fill ratio */
   uint64_t migrations_to_gpu, migrations_to_host, bytes_h2d, bytes_d2h;
   uint64_t copy_waits; /* launches that found a move's copy running and waited for it on their stream */
+  /* auto's plans once the period is known, and why the ones that stopped early did: no
+   * host chunk to fetch, no GPU chunk that may leave, or none needed later than the fetch
+   * (Belady); the margin kept for short-lived allocations, in frames */
+  uint64_t plans, plans_no_fetch, plans_no_victim, plans_belady, margin_frames;
   uint64_t touches_gpu, touches_host; /* observed chunk touches served from each kind of frame (auto) */
   uint64_t gpu_budget, host_budget, chunk_size;
 };

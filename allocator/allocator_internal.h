@@ -42,7 +42,7 @@ struct span {
   uint32_t nranges, cap;
   enum psa_where where; /* GPU only when every chunk has a GPU frame */
   bool building;        /* frames still being taken (the lock may drop): not listed yet */
-  uint64_t born;        /* the device's moment clock when it was made (pager.c) */
+  uint64_t last_alloc;  /* the device's moment clock at its latest allocation (pager.c) */
   struct span *prev, *next; /* in its device's list for `where` */
 };
 
@@ -119,7 +119,7 @@ struct device {
   struct psa_mark *free_marks;
   struct psa_mark **recent; /* marks of the latest PSSHIM_RUNAHEAD launches, a ring */
   uint64_t clock;           /* the latest moment that touched a chunk (+1) */
-  uint64_t margin;          /* most GPU frames spans younger than an iteration held at once */
+  uint64_t margin;          /* most GPU frames spans allocated into within an iteration held */
   uint32_t recent_pos;
   uint64_t reserved_high, used_high; /* since the last psa_usage_reset_high */
   uint64_t alloc_digest; /* the allocations' sizes, as a sum of mixed sizes (space.c) */

@@ -322,10 +322,12 @@ static bool on(const struct device *d, const struct chunk *c, enum psa_where w)
   return c->frame != PSA_NO_FRAME && d->frames[c->frame].where == w;
 }
 
-/* Made within the last iteration: the iteration's own, short-lived allocations. */
+/* Allocated into within the last iteration: it holds the iteration's own, short-lived
+ * allocations (a span is reused for them iteration after iteration, so its birth would
+ * not tell). */
 static bool young(const struct span *s, uint64_t now, uint64_t period)
 {
-  return now - s->born < period;
+  return now - s->last_alloc < period;
 }
 
 /* The chunks in `w` frames that a move might take now (in use or being copied: not),
@@ -355,22 +357,25 @@ static size_t candidates(struct device *d, enum psa_where w, uint64_t now, uint6
   return n;
 }
 
-/* GPU frames that spans younger than an iteration hold (the iteration's activations and
- * other short-lived allocations), and those that are free or soon free: unused, held by
- * empty spans (an allocation takes them back), or leaving with a page-out's copy. */
-static void count_gpu_frames(struct device *d, uint64_t now, uint64_t period, uint64_t *young_frames,
-                             uint64_t *room)
+/* Frames that young spans hold (the iteration's activations and other short-lived
+ * allocations), on the GPU and in all; and GPU frames that are free or soon free: unused,
+ * held by empty spans (an allocation takes them back), or leaving with a page-out's copy. */
+static void count_frames(struct device *d, uint64_t now, uint64_t period, uint64_t *young_gpu, uint64_t *young_all,
+                         uint64_t *room)
 {
-  *young_frames = 0;
+  *young_gpu = *young_all = 0;
   *room = d->gpu_frame_limit - d->gpu_frames_held;
   for (uint64_t i = 0; i < d->nchunks; i++) {
     struct chunk *c = &d->chunks[i];
-    if (!on(d, c, PSA_GPU))
+    if (c->frame == PSA_NO_FRAME)
       continue;
-    if (!c->span->live_allocs)
-      ++*room;
-    else if (young(c->span, now, period))
-      ++*young_frames;
+    bool gpu = on(d, c, PSA_GPU);
+    if (!c->span->live_allocs) {
+      *room += gpu;
+    } else if (young(c->span, now, period)) {
+      ++*young_all;
+      *young_gpu += gpu;
+    }
   }
   for (uint32_t i = 0; i < d->ndeferred; i++)
     *room += d->frames[d->deferred[i].frame].where == PSA_GPU;
@@ -378,7 +383,7 @@ static void count_gpu_frames(struct device *d, uint64_t now, uint64_t period, ui
 
 /* Once the iteration's period is known: first room on the GPU for the rest of the
  * iteration's short-lived allocations (PatrickStar's margin: the most frames they held at
- * once, less what they hold now), made by paging out the model data needed farthest
+ * once, up to the whole budget, less what they hold on the GPU now), made by paging out the model data needed farthest
  * ahead, so activations never land in host frames. Then the host chunks needed soonest
  * go into free GPU frames beyond the margin, or into the frames of GPU chunks needed
  * later than they are (Belady). Without a period, free frames are filled with the most
@@ -387,14 +392,17 @@ static void plan(struct device *d, uint64_t now)
 {
   uint64_t period = pst_session_period();
   psp_cand *fetch = d->cands, *victims = d->cands + d->nchunks;
-  uint64_t young_frames = 0, room = d->gpu_frame_limit - d->gpu_frames_held, keep = 0;
+  uint64_t young_gpu = 0, young_all = 0, room = d->gpu_frame_limit - d->gpu_frames_held, keep = 0;
   size_t nf = candidates(d, PSA_HOST, now, period, fetch), nv = 0, v = 0, moves = 0;
   if (period) {
-    count_gpu_frames(d, now, period, &young_frames, &room);
-    if (young_frames > d->margin)
-      d->margin = young_frames;
-    keep = d->margin - young_frames;
+    count_frames(d, now, period, &young_gpu, &young_all, &room);
+    if (young_all > d->margin) /* counted in host frames too: what did not fit counts */
+      d->stats.margin_frames = d->margin = young_all;
+    uint64_t margin = d->margin < d->gpu_frame_limit ? d->margin : d->gpu_frame_limit;
+    keep = margin > young_gpu ? margin - young_gpu : 0;
     nv = candidates(d, PSA_GPU, now, period, victims);
+    d->stats.plans++;
+    d->stats.plans_no_fetch += nf == 0;
   }
   for (; room < keep && v < nv && moves < PLAN_MOVES && d->ncopying < PLAN_COPIES; v++)
     if (movable(d, victims[v].chunk) && psa_move(d, victims[v].chunk, PSA_HOST) == CUDA_SUCCESS) {
@@ -413,8 +421,11 @@ static void plan(struct device *d, uint64_t now)
       return;
     while (v < nv && !movable(d, victims[v].chunk))
       v++;
-    if (v == nv || victims[v].next_use <= need)
-      return; /* no chunk on the GPU is needed later than this one */
+    if (v == nv || victims[v].next_use <= need) { /* no chunk on the GPU is needed later */
+      d->stats.plans_no_victim += v == nv;
+      d->stats.plans_belady += v < nv;
+      return;
+    }
     swap_in(d, chunk, victims[v++].chunk);
     moves++;
   }

@@ -293,7 +293,7 @@ struct span *psa_span_new(struct device *d, uint64_t nchunks)
   s->first_chunk = first;
   s->nchunks = nchunks;
   s->building = true;
-  s->born = d->clock;
+  s->last_alloc = d->clock;
   for (uint64_t i = 0; i < nchunks; i++) {
     struct chunk *c = &d->chunks[first + i];
     c->span = s;

@@ -41,7 +41,8 @@ void psa_stats_write(FILE *f, bool json)
             "\"gpu_frames_made\": %llu, \"host_frames_made\": %llu, \"chunk_fill_pct\": %.1f, "
             "\"migrations_to_gpu\": %llu, \"migrations_to_host\": %llu, \"bytes_h2d\": %llu, \"bytes_d2h\": %llu, "
             "\"copy_waits\": %llu, \"touches_gpu\": %llu, \"touches_host\": %llu, \"launches\": %llu, "
-            "\"iterations\": %llu, \"period\": %llu}\n",
+            "\"iterations\": %llu, \"period\": %llu, \"plans\": %llu, \"plans_no_fetch\": %llu, "
+            "\"plans_no_victim\": %llu, \"plans_belady\": %llu, \"margin_frames\": %llu}\n",
             (unsigned long long)s.allocs, (unsigned long long)s.frees, (unsigned long long)s.failed_allocs,
             (unsigned long long)s.live_bytes, (unsigned long long)s.peak_live_bytes,
             (unsigned long long)s.chunk_size, (unsigned long long)s.gpu_budget, (unsigned long long)s.host_budget,
@@ -53,7 +54,9 @@ void psa_stats_write(FILE *f, bool json)
             (unsigned long long)s.bytes_h2d, (unsigned long long)s.bytes_d2h,
             (unsigned long long)s.copy_waits, (unsigned long long)s.touches_gpu,
             (unsigned long long)s.touches_host, (unsigned long long)launches, (unsigned long long)iterations,
-            (unsigned long long)pst_session_period());
+            (unsigned long long)pst_session_period(), (unsigned long long)s.plans,
+            (unsigned long long)s.plans_no_fetch, (unsigned long long)s.plans_no_victim,
+            (unsigned long long)s.plans_belady, (unsigned long long)s.margin_frames);
     return;
   }
   fprintf(f, "psshim: allocations %llu, frees %llu, failed %llu; live %.1f MiB, peak %.1f MiB\n",

@@ -47,16 +47,19 @@ train_auto)
         PSSHIM_STATS="$tmp/s.json" "$prog" 8 8 4) || fail "auto, budget $budget, delays $delays: $out"
       echo "auto $budget (delays $delays): $out"
       [ "${out%, psshim*}" = "${native%, psshim*}" ] || fail "auto, budget $budget: results differ from the native run"
-      python3 - "$tmp/s.json" <<'PY' || fail "auto, budget $budget: stats"
+      python3 - "$tmp/s.json" "$tmp/moves" <<'PY' || fail "auto, budget $budget: stats"
 import json, sys
 s = json.load(open(sys.argv[1]))
 print(f"  migrations: to GPU {s['migrations_to_gpu']} ({s['bytes_h2d']>>20} MiB), to host {s['migrations_to_host']} "
       f"({s['bytes_d2h']>>20} MiB), copy waits {s['copy_waits']}")
-assert s["migrations_to_gpu"] > 0 and s["migrations_to_host"] > 0, "the pager moved nothing"
+assert s["migrations_to_gpu"] + s["migrations_to_host"] > 0, "the pager moved nothing"
 assert s["peak_gpu_bytes"] <= s["gpu_budget"], "GPU budget exceeded"
+open(sys.argv[2], "a").write(f"{s['migrations_to_gpu']} {s['migrations_to_host']}\n")
 PY
     done
   done
+  # Below the margin (activations alone fill 16 MiB) chunks only leave; above it, both ways.
+  awk '{g += $1; h += $2} END {exit !(g > 0 && h > 0)}' "$tmp/moves" || fail "chunks did not move both ways"
   ;;
 doors)
   PSSHIM_GPU_BUDGET=64M PSSHIM_HOST_BUDGET=64M EXPECT_TOTAL_BYTES=$((128 << 20)) under_psshim "$prog" \
