@@ -360,6 +360,29 @@ def table(sweep: dict) -> str:
          "D2H GB/step", "H2D GB/s", "D2H GB/s", "bound s", "bound/step", "losses"], rows)
 
 
+def pager_table(sweep: dict) -> str | None:
+    """What psshim's pager did in each psshim run (its PSSHIM_STATS JSON); None if no run
+    left statistics."""
+    rows = []
+    for r in sweep["runs"]:
+        s = r.get("psshim_stats")
+        if not isinstance(s, dict):
+            continue
+        touches = (s.get("touches_gpu") or 0) + (s.get("touches_host") or 0)
+        rows.append([
+            benchlib.fmt(r.get("ratio"), "g"), r["method"], str(s.get("migrations_to_gpu", "-")),
+            str(s.get("migrations_to_host", "-")), str(s.get("copy_waits", "-")),
+            benchlib.fmt(100.0 * s["touches_host"] / touches if touches else None, ".1f"),
+            str(s.get("period", "-")), str(s.get("plans", "-")), str(s.get("plans_no_fetch", "-")),
+            str(s.get("plans_no_victim", "-")), str(s.get("plans_belady", "-")),
+            str(s.get("margin_frames", "-"))])
+    if not rows:
+        return None
+    return benchlib.format_table(
+        ["ratio", "method", "moves in", "moves out", "copy waits", "host touch %", "period",
+         "plans", "no fetch", "no victim", "Belady", "margin"], rows)
+
+
 def plot(sweep: dict, path: str) -> str | None:
     """Step time vs ratio per method, with each method's lower bound; None when done."""
     try:
@@ -467,6 +490,12 @@ def main(argv=None) -> int:
     print(f"native peak {benchlib.gib(peak)} GiB ({sweep['peak_source']}); "
           f"bound = {sweep['bound']}; ~ = estimated bytes\n")
     print(table(sweep))
+    pager = pager_table(sweep)
+    if pager:
+        print("\npsshim's pager (PSSHIM_STATS): moves, launches that waited for a copy, chunk "
+              "touches served from host frames, the adopted period (launches), plans and why "
+              "they stopped, margin (frames)")
+        print(pager)
     return 0
 
 
