@@ -59,9 +59,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="gpt_train.py preset (default: gpt2.7b)")
     for name in SIZE_FLAGS:
         p.add_argument(f"--{name}", type=int, help=f"override the preset's --{name}")
-    p.add_argument("--steps", type=int, default=8, help="steps per run (default: 8)")
-    p.add_argument("--warmup", type=int, default=3,
-                   help="steps excluded from the median (default: 3)")
+    p.add_argument("--steps", type=int, default=12, help="steps per run (default: 12)")
+    p.add_argument("--warmup", type=int, default=7,
+                   help="steps excluded from the median (default: 7: psshim auto finds the "
+                        "iteration's period in its first 4-6 steps and pages by it after)")
     p.add_argument("--ratios", type=parse_floats, default=[1.0, 1.25, 1.5, 2.0, 3.0, 4.0],
                    help="peak/budget ratios, comma separated (default: 1,1.25,1.5,2,3,4)")
     p.add_argument("--methods", type=parse_methods, default=list(METHODS),
