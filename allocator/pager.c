@@ -438,7 +438,8 @@ struct visit {
   const struct pst_launch *l;
   struct device *marked; /* the device `mark` belongs to */
   struct psa_mark *mark;
-  struct psa_mark *ahead; /* exit: the mark PSSHIM_RUNAHEAD launches back on `marked` */
+  struct psa_mark *ahead; /* exit: the mark PSSHIM_RUNAHEAD launches back on ahead_dev */
+  struct device *ahead_dev;
 };
 
 static void for_each_chunk(struct visit *v, void (*fn)(struct device *, uint64_t, struct visit *))
@@ -505,8 +506,9 @@ static void exit_chunk(struct device *d, uint64_t chunk, struct visit *v)
   if (v->marked != d) {
     v->marked = d;
     v->mark = mark_new(d, (CUstream)(uintptr_t)v->l->stream);
-    if (v->mark && d->recent) {
+    if (v->mark && d->recent && !v->ahead_dev) { /* the first device a launch touches */
       v->mark->refs++;
+      v->ahead_dev = d;
       v->ahead = d->recent[d->recent_pos]; /* the ring's reference passes to the visit */
       d->recent[d->recent_pos] = v->mark;
       d->recent_pos = (d->recent_pos + 1) % ps_options.runahead;
@@ -575,12 +577,14 @@ void psa_on_moment(const struct pst_launch *l, bool enter)
     for_each_chunk(&v, enter ? enter_chunk : exit_chunk);
   if (v.ahead) {
     /* Flow control: the host stays at most PSSHIM_RUNAHEAD launches ahead of the GPU, so a
-     * chunk is quiescent soon after its last use and can move before its next one. */
-    bool passed = mark_passed(v.ahead, true);
-    pthread_mutex_lock(&v.marked->lock);
-    v.ahead->done = passed;
-    mark_put(v.marked, v.ahead);
-    pthread_mutex_unlock(&v.marked->lock);
+     * chunk is quiescent soon after its last use and can move before its next one.
+     * The wait is made without the lock (the visit's reference keeps the event). */
+    CUresult r = ps_driver.cuEventSynchronize(v.ahead->event);
+    (void)r; /* an error ends the wait too: the work is over, or failed (as in mark_passed) */
+    pthread_mutex_lock(&v.ahead_dev->lock);
+    v.ahead->done = true;
+    mark_put(v.ahead_dev, v.ahead);
+    pthread_mutex_unlock(&v.ahead_dev->lock);
   }
   if (enter || ps_options.policy != PS_POLICY_AUTO || atomic_load(&paging_off))
     return;

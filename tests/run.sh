@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every test: a normal build (gcc) and a sanitizer build (clang, ASan+UBSan), each
-# running `meson test` (cmocka unit tests, fake-driver integration tests); then the unit
-# tests of the allocator, options, policy, tracer and report again under valgrind.
+# running `meson test` (cmocka unit tests, fake-driver integration tests); the allocator's
+# tests under ThreadSanitizer; then the unit tests of the allocator, options, policy,
+# tracer and report again under valgrind.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 .ci/install-deps
@@ -15,6 +16,12 @@ run() { # name, then meson setup options
 }
 run build
 CC=clang run build-sanitize -Db_sanitize=address,undefined -Db_lundef=false
+# The allocator's threads (workers, copy completion, the pager under several launching
+# threads) under ThreadSanitizer; the other tests preload psshim into programs, which a
+# TSan-built library cannot be.
+[ -f build-tsan/build.ninja ] || CC=clang meson setup build-tsan -Dtoolkit="$toolkit" -Db_sanitize=thread -Db_lundef=false >/dev/null
+ninja -C build-tsan >/dev/null
+TSAN_OPTIONS=halt_on_error=1 meson test -C build-tsan --no-rebuild --print-errorlogs allocator
 # Not the tests that kill or time processes on purpose (valgrind is 50x slower), nor the
 # ones that run whole programs under LD_PRELOAD (those run sanitized above), nor the ten
 # random training loops (valgrind runs one thread at a time: minutes each; one loop still
