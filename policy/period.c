@@ -16,8 +16,13 @@
  *
  * Choosing: a shorter pattern (one transformer layer) also repeats, but only since the
  * newest iteration boundary, while the iteration repeats since warm-up ended. So the answer
- * is the smallest period whose run spans `repeats` periods and reaches back within one
- * period of the longest run any candidate has. */
+ * is the smallest period whose run spans `repeats` periods and either reaches back within
+ * one period of the longest span any candidate has (a stream periodic from its start), or
+ * spans at least the evidence any candidate has and MIN_EVIDENCE launches more than its
+ * period. A run's evidence is the older copy it matched, its span less one period. The
+ * second way finds the iteration after a long unperiodic stretch (warm-up, a change of
+ * phase), where a long candidate that matched only a few launches there spans nearly
+ * everything: on a real torch trace that hid the iteration. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,6 +33,8 @@
 #define BURST 4      /* edits in a row a run survives: an insertion costs two (one per copy) */
 #define DRIFT 8      /* most launches the alignment may slip from the candidate period */
 #define STREAK 4     /* matches in a row that mark launches as part of the run */
+#define MIN_EVIDENCE 64 /* launches a run must have matched: random streams over a few
+                           kernels repeat by chance over shorter stretches */
 
 struct psp_period {
   uint64_t *ring;     /* launch k's signature is ring[k & mask] */
@@ -217,13 +224,18 @@ bool psp_period_get(psp_period *d, uint32_t *period, uint64_t *phase_start)
     d->found = false;
 
     size_t n = propose(d), evaluated = 0;
-    uint64_t longest = 0, lo = (uint64_t)oldest(d);
+    uint64_t longest = 0, most_evidence = 0, lo = (uint64_t)oldest(d);
     for (; evaluated < n; evaluated++) {
       run r;
       walk(d, d->cand[evaluated], UINT64_MAX, false, &r);
       d->period_of[evaluated] = r.period;
       d->cover[evaluated] = d->n - r.first_j;
       if (r.period > d->max_period) d->cover[evaluated] = 0;
+      /* The evidence of a run is the older copy it matched, its span less one period: a
+       * long candidate that matched a few launches at the start spans nearly everything
+       * and proves nothing. */
+      uint64_t evidence = d->cover[evaluated] > r.period ? d->cover[evaluated] - r.period : 0;
+      if (evidence > most_evidence) most_evidence = evidence;
       if (d->cover[evaluated] > longest) longest = d->cover[evaluated];
       /* a run over everything held cannot be outdone by a longer period */
       if (r.first_j == lo && d->cover[evaluated] >= (uint64_t)d->repeats * r.period) {
@@ -234,7 +246,9 @@ bool psp_period_get(psp_period *d, uint32_t *period, uint64_t *phase_start)
     size_t chosen = evaluated;
     for (size_t k = 0; k < evaluated; k++) {
       uint32_t p = d->period_of[k];
-      if (d->cover[k] >= (uint64_t)d->repeats * p && d->cover[k] + p >= longest &&
+      bool reaches_back = d->cover[k] + p >= longest;
+      bool proven = d->cover[k] >= most_evidence && d->cover[k] >= p + MIN_EVIDENCE;
+      if (d->cover[k] >= (uint64_t)d->repeats * p && (reaches_back || proven) &&
           (chosen == evaluated || p < d->period_of[chosen]))
         chosen = k;
     }
