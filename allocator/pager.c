@@ -383,11 +383,11 @@ static void count_frames(struct device *d, uint64_t now, uint64_t period, uint64
 
 /* Once the iteration's period is known: first room on the GPU for the rest of the
  * iteration's short-lived allocations (PatrickStar's margin: the most frames they held at
- * once, up to the whole budget, less what they hold on the GPU now), made by paging out the model data needed farthest
- * ahead, so activations never land in host frames. Then the host chunks needed soonest
- * go into free GPU frames beyond the margin, or into the frames of GPU chunks needed
- * later than they are (Belady). Without a period, free frames are filled with the most
- * recently used host chunks. */
+ * once, up to the whole budget, less what they hold on the GPU now), made by paging out
+ * the model data needed farthest ahead, so activations do not land in host frames. Then
+ * the host chunks needed soonest go into free GPU frames beyond the margin, or into the
+ * frames of GPU chunks needed later than they are (Belady). Without a period, free frames
+ * are filled with the most recently used host chunks. */
 static void plan(struct device *d, uint64_t now)
 {
   uint64_t period = pst_session_period();
@@ -413,7 +413,7 @@ static void plan(struct device *d, uint64_t now)
     uint64_t chunk = fetch[i].chunk, need = PSP_NEVER - fetch[i].next_use;
     if (!movable(d, chunk))
       continue;
-    if (d->gpu_frame_limit - d->gpu_frames_held > keep && psa_gpu_frame_available(d)) {
+    if (d->gpu_frame_limit - d->gpu_frames_held > keep) { /* a frame free or makeable beyond it */
       moves += psa_move(d, chunk, PSA_GPU) == CUDA_SUCCESS;
       continue;
     }
