@@ -11,7 +11,7 @@
 #include <stdatomic.h>
 
 #define PSA_NO_FRAME UINT32_MAX
-#define PSA_MAX_MIGRATIONS 64   /* moves whose copies are in flight at once per device */
+#define PSA_MAX_MIGRATIONS 128  /* moves whose copies are in flight at once per device */
 #define PSA_USER_MARKS 4        /* streams whose use of a chunk is tracked at once */
 #define PSA_USES 32             /* recent uses remembered per chunk, to predict the next: a
                                    chunk used more often per iteration counts as always due */
@@ -62,17 +62,18 @@ struct deferred_frame {
   struct psa_mark *copy;
 };
 
+/* The fields a plan reads of every chunk come first: one cache line per chunk per scan. */
 struct chunk {
   uint32_t frame; /* PSA_NO_FRAME when unmapped */
+  uint32_t in_flight; /* observed launches between their enter and exit (pager.c) */
   struct span *span;
-  /* paging: see pager.c */
-  uint32_t in_flight;  /* observed launches between their enter and exit */
-  struct psa_mark *users[PSA_USER_MARKS]; /* after the launches that touched it, by stream */
-  uint32_t nusers;
   struct psa_mark *copy; /* its last move's copy, until seen complete */
   uint64_t last_use;
-  uint64_t uses[PSA_USES]; /* the latest moments that touched it (+1; 0 = empty), a ring */
+  uint64_t next_use; /* predicted from uses (0: not yet), valid while later than the plan */
+  uint32_t nusers;
   uint32_t use_pos;
+  struct psa_mark *users[PSA_USER_MARKS]; /* after the launches that touched it, by stream */
+  uint64_t uses[PSA_USES]; /* the latest moments that touched it (+1; 0 = empty), a ring */
 };
 
 struct alloc_entry {
@@ -99,6 +100,7 @@ struct device {
   bool node_budget_said;
   struct span *spans[3]; /* by where: GPU and HOST lists */
   uint64_t chunk_hint;
+  uint64_t chunks_high; /* one past the highest chunk ever reserved: scans stop there */
   struct alloc_entry *map;
   uint64_t map_cap, map_used; /* used counts tombstones too */
   CUevent *event_pool;
@@ -120,6 +122,8 @@ struct device {
   struct psa_mark **recent; /* marks of the latest PSSHIM_RUNAHEAD launches, a ring */
   uint64_t clock;           /* the latest moment that touched a chunk (+1) */
   uint64_t margin;          /* most GPU frames spans allocated into within an iteration held */
+  psp_phase_max young;      /* the frames they held, by phase of the iteration */
+  uint64_t predicted_for;   /* the period the chunks' next_use were predicted with */
   uint32_t recent_pos;
   uint64_t reserved_high, used_high; /* since the last psa_usage_reset_high */
   uint64_t alloc_digest; /* the allocations' sizes, as a sum of mixed sizes (space.c) */

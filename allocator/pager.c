@@ -27,9 +27,11 @@
 #include <string.h>
 #include <time.h>
 
-#define PLAN_MOVES 8  /* moves one plan may start */
-#define PLAN_COPIES 8 /* copies in flight beyond which a plan starts no move: copies a
-                         launch would wait for, queued behind many others, stall it */
+/* Bytes one plan may start moving, and the bytes of copies in flight beyond which a plan
+ * starts no move (a copy a launch would wait for, queued behind many others, stalls it).
+ * In bytes, so smaller chunks move as fast; at least 8 chunks. */
+#define PLAN_BYTES (512ull << 20)
+#define MARGIN_LOOKAHEAD 8 /* room is made for the margin 1/8 of an iteration ahead */
 
 static _Atomic bool paging_off; /* see stop_paging */
 
@@ -317,6 +319,13 @@ void psa_moves_poll(struct device *d)
 
 /* ---- decisions (PSSHIM_POLICY=auto) ---- */
 
+/* Moves per plan, and copies in flight a plan may add to (see PLAN_BYTES). */
+static uint32_t plan_moves(const struct device *d)
+{
+  uint64_t n = PLAN_BYTES / d->chunk_size;
+  return n < 8 ? 8 : n > PSA_MAX_MIGRATIONS / 2 ? PSA_MAX_MIGRATIONS / 2 : (uint32_t)n;
+}
+
 static bool on(const struct device *d, const struct chunk *c, enum psa_where w)
 {
   return c->frame != PSA_NO_FRAME && d->frames[c->frame].where == w;
@@ -334,10 +343,19 @@ static bool young(const struct span *s, uint64_t now, uint64_t period)
  * with predicted next uses, in the order to consider them: for fetches (host) the soonest
  * first, for victims (GPU) the farthest first. Without a period, a fetch's "soonest" is
  * the most recently used. Returns how many. */
+static uint64_t predicted_next(struct chunk *c, uint64_t now, uint64_t period)
+{
+  /* A prediction later than now stands until the chunk is used again (enter_chunk clears
+   * it): the uses within the window that gave it are still within it. */
+  if (c->next_use <= now)
+    c->next_use = psp_predict_next(c->uses, PSA_USES, now, period);
+  return c->next_use;
+}
+
 static size_t candidates(struct device *d, enum psa_where w, uint64_t now, uint64_t period, psp_cand *out)
 {
   size_t n = 0;
-  for (uint64_t i = 0; i < d->nchunks; i++) {
+  for (uint64_t i = 0; i < d->chunks_high; i++) {
     struct chunk *c = &d->chunks[i];
     /* A chunk used within the last PSSHIM_RUNAHEAD launches is most likely still queued. */
     if (!on(d, c, w) || c->in_flight || c->copy || !c->last_use || c->last_use + ps_options.runahead > now)
@@ -346,15 +364,17 @@ static size_t candidates(struct device *d, enum psa_where w, uint64_t now, uint6
      * margin), and an empty span's frame goes to the next allocation anyway. */
     if (w == PSA_GPU && (young(c->span, now, period) || !c->span->live_allocs))
       continue;
-    uint64_t next = period ? psp_predict_next(c->uses, PSA_USES, now, period) : PSP_NEVER - c->last_use;
+    uint64_t next = period ? predicted_next(c, now, period) : PSP_NEVER - c->last_use;
     if (w == PSA_HOST && period && next == PSP_NEVER)
       continue; /* not used in the last iteration: not expected soon */
     /* Fetches want the soonest: the victims' order with next uses reversed. */
     out[n++] = (psp_cand){.chunk = (uint32_t)i, .bytes = d->chunk_size, .dirty = true,
                           .next_use = w == PSA_GPU ? next : PSP_NEVER - next};
   }
-  psp_sort_farthest(out, n);
-  return n;
+  /* A plan takes few: only those worth sorting. */
+  size_t k = 4 * (size_t)plan_moves(d);
+  psp_sort_farthest(out, n, k);
+  return n < k ? n : k;
 }
 
 /* Frames that young spans hold (the iteration's activations and other short-lived
@@ -365,7 +385,7 @@ static void count_frames(struct device *d, uint64_t now, uint64_t period, uint64
 {
   *young_gpu = *young_all = 0;
   *room = d->gpu_frame_limit - d->gpu_frames_held;
-  for (uint64_t i = 0; i < d->nchunks; i++) {
+  for (uint64_t i = 0; i < d->chunks_high; i++) {
     struct chunk *c = &d->chunks[i];
     if (c->frame == PSA_NO_FRAME)
       continue;
@@ -381,35 +401,45 @@ static void count_frames(struct device *d, uint64_t now, uint64_t period, uint64
     *room += d->frames[d->deferred[i].frame].where == PSA_GPU;
 }
 
-/* Once the iteration's period is known: first room on the GPU for the rest of the
- * iteration's short-lived allocations (PatrickStar's margin: the most frames they held at
- * once, up to the whole budget, less what they hold on the GPU now), made by paging out
- * the model data needed farthest ahead, so activations do not land in host frames. Then
- * the host chunks needed soonest go into free GPU frames beyond the margin, or into the
- * frames of GPU chunks needed later than they are (Belady). Without a period, free frames
- * are filled with the most recently used host chunks. */
+/* Once the iteration's period is known: first room on the GPU for the iteration's
+ * short-lived allocations of the coming part of the iteration (PatrickStar's margin: the
+ * most frames they held in that part last time, up to the whole budget, less what they
+ * hold on the GPU now), made by paging out the model data needed farthest ahead, so
+ * activations and gradients do not land in host frames. Then the host chunks needed
+ * soonest go into free GPU frames beyond the margin, or into the frames of GPU chunks
+ * needed later than they are (Belady). Without a period, free frames are filled with the
+ * most recently used host chunks. */
 static void plan(struct device *d, uint64_t now)
 {
   uint64_t period = pst_session_period();
   psp_cand *fetch = d->cands, *victims = d->cands + d->nchunks;
   uint64_t young_gpu = 0, young_all = 0, room = d->gpu_frame_limit - d->gpu_frames_held, keep = 0;
+  uint32_t most = plan_moves(d);
+  if (period != d->predicted_for) { /* predictions made with another period are void */
+    for (uint64_t i = 0; i < d->chunks_high; i++)
+      d->chunks[i].next_use = 0;
+    d->predicted_for = period;
+  }
   size_t nf = candidates(d, PSA_HOST, now, period, fetch), nv = 0, v = 0, moves = 0;
   if (period) {
     count_frames(d, now, period, &young_gpu, &young_all, &room);
     if (young_all > d->margin) /* counted in host frames too: what did not fit counts */
       d->stats.margin_frames = d->margin = young_all;
-    uint64_t margin = d->margin < d->gpu_frame_limit ? d->margin : d->gpu_frame_limit;
+    psp_phase_note(&d->young, now, period, young_all);
+    uint64_t margin = psp_phase_ahead(&d->young, now, period / MARGIN_LOOKAHEAD);
+    if (margin > d->gpu_frame_limit)
+      margin = d->gpu_frame_limit;
     keep = margin > young_gpu ? margin - young_gpu : 0;
     nv = candidates(d, PSA_GPU, now, period, victims);
     d->stats.plans++;
     d->stats.plans_no_fetch += nf == 0;
   }
-  for (; room < keep && v < nv && moves < PLAN_MOVES && d->ncopying < PLAN_COPIES; v++)
+  for (; room < keep && v < nv && moves < most && d->ncopying < most; v++)
     if (movable(d, victims[v].chunk) && psa_move(d, victims[v].chunk, PSA_HOST) == CUDA_SUCCESS) {
       room++;
       moves++;
     }
-  for (size_t i = 0; i < nf && moves < PLAN_MOVES && d->ncopying + 2 <= PLAN_COPIES; i++) {
+  for (size_t i = 0; i < nf && moves < most && d->ncopying + 2 <= most; i++) {
     uint64_t chunk = fetch[i].chunk, need = PSP_NEVER - fetch[i].next_use;
     if (!movable(d, chunk))
       continue;
@@ -491,6 +521,7 @@ static void enter_chunk(struct device *d, uint64_t chunk, struct visit *v)
   else
     d->stats.touches_gpu++;
   c->last_use = v->l->seq + 1; /* +1: 0 means never */
+  c->next_use = 0;
   if (c->last_use > d->clock)
     d->clock = c->last_use;
   c->uses[c->use_pos++ % PSA_USES] = c->last_use;
@@ -589,17 +620,18 @@ void psa_on_moment(const struct pst_launch *l, bool enter)
   if (enter || ps_options.policy != PS_POLICY_AUTO || atomic_load(&paging_off))
     return;
   /* Chunks become movable on the scale of the run-ahead window: planning far more often
-   * than that finds nothing new, and each plan scans every chunk. */
+   * than that finds nothing new, and each plan scans every chunk. Frames left behind by
+   * moves are freed then too. */
   unsigned every = ps_options.runahead / 16 < 1 ? 1 : ps_options.runahead / 16 > 16 ? 16 : ps_options.runahead / 16;
-  bool plan_now = l->seq % every == 0;
+  if (l->seq % every)
+    return;
   for (int i = 0; i < PSA_MAX_DEVICES; i++) {
     struct device *d = &psa_devices[i];
-    if (!d->ready || (!plan_now && !d->ncopying && !d->ndeferred))
+    if (!d->ready)
       continue;
     pthread_mutex_lock(&d->lock);
-    psa_moves_poll(d);
-    if (plan_now)
-      plan(d, l->seq + 1);
+    psa_moves_poll(d); /* as often as plans: each poll queries every copy in flight */
+    plan(d, l->seq + 1);
     pthread_mutex_unlock(&d->lock);
   }
 }

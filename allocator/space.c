@@ -251,6 +251,8 @@ bool psa_chunks_reserve(struct device *d, uint64_t n, uint64_t *first)
       if (run == n) {
         *first = i + 1 - n;
         d->chunk_hint = i + 1 < d->nchunks ? i + 1 : 0;
+        if (i + 1 > d->chunks_high)
+          d->chunks_high = i + 1;
         return true;
       }
     }

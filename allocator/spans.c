@@ -301,6 +301,7 @@ struct span *psa_span_new(struct device *d, uint64_t nchunks)
     memset(c->uses, 0, sizeof c->uses);
     c->use_pos = 0;
     c->last_use = 0;
+    c->next_use = 0;
   }
   for (uint64_t i = 0; i < nchunks; i++) {
     uint32_t f = frame_for_chunk(d);

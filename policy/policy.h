@@ -86,9 +86,10 @@ ptrdiff_t psp_victim_opt(const psp_schedule *s, uint64_t now, const psp_cand *ca
 /* LRU, for when there is no schedule: the least recently used; last_use == now is pinned. */
 ptrdiff_t psp_victim_lru(uint64_t now, const psp_cand *cands, size_t n);
 
-/* OPT/Belady on predicted next uses: sorts candidates into eviction order, the one used
- * farthest ahead (psp_cand.next_use) first, ties as for the victims above. */
-void psp_sort_farthest(psp_cand *cands, size_t n);
+/* OPT/Belady on predicted next uses: puts the first k candidates in eviction order (the
+ * one used farthest ahead, psp_cand.next_use, first; ties as for the victims above) at the
+ * front, sorted; the rest follow in no order. k >= n sorts all. O(n + k log k). */
+void psp_sort_farthest(psp_cand *cands, size_t n, size_t k);
 
 /* Next use of a chunk from its most recent uses alone (no schedule), assuming the run
  * repeats with `period` moments: the earliest of the uses within the last period, plus the
@@ -96,6 +97,23 @@ void psp_sort_farthest(psp_cand *cands, size_t n);
  * chunk used more often than remembered is treated as always due). uses may hold zeros
  * (unused slots). */
 uint64_t psp_predict_next(const uint64_t *uses, size_t n, uint64_t now, uint64_t period);
+
+/* ---- a quantity by phase of the iteration (the pager's margin) ---- */
+
+#define PSP_PHASES 64
+/* The period cut into PSP_PHASES slices; each keeps the largest value noted in it during
+ * the latest iteration that reached it. Zeroed = empty. */
+typedef struct psp_phase_max {
+  uint64_t period;
+  uint64_t lap[PSP_PHASES]; /* iteration (now / period) + 1 of the slice's value; 0: none */
+  uint64_t max[PSP_PHASES];
+} psp_phase_max;
+/* Notes value at moment now; a different period than before forgets everything. */
+void psp_phase_note(psp_phase_max *m, uint64_t now, uint64_t period, uint64_t value);
+/* The largest value noted in the slices that [now, now + window] falls in, skipping slices
+ * never noted; if none of them was, the largest noted anywhere (unknown: be safe). 0 when
+ * nothing was noted. */
+uint64_t psp_phase_ahead(const psp_phase_max *m, uint64_t now, uint64_t window);
 
 /* ---- prefetch plan ---- */
 

@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <cmocka.h>
 
@@ -223,11 +224,11 @@ static void test_sort_farthest(void **state)
                       {.chunk = 1, .bytes = 1, .next_use = 90, .dirty = true},
                       {.chunk = 2, .bytes = 1, .next_use = 20},
                       {.chunk = 3, .bytes = 1, .next_use = 90}};
-  psp_sort_farthest(cands, 4);
+  psp_sort_farthest(cands, 4, 4);
   uint32_t want[] = {3, 1, 0, 2}; /* farthest first; of the tie, the clean one */
   for (int i = 0; i < 4; i++)
     assert_int_equal(cands[i].chunk, want[i]);
-  psp_sort_farthest(cands, 0);
+  psp_sort_farthest(cands, 0, 0);
   /* against brute force: a permutation, each entry as psp_victim_opt's order would take it */
   psp_cand r[16];
   for (unsigned seed = 1; seed < 300; seed++) {
@@ -238,18 +239,58 @@ static void test_sort_farthest(void **state)
                         .next_use = (seed * 31 + i * 17) % 7};
       sum += r[i].chunk;
     }
-    psp_sort_farthest(r, n);
+    psp_cand whole[16];
+    memcpy(whole, r, sizeof r);
+    psp_sort_farthest(whole, n, n);
     uint64_t seen = 0;
     for (size_t i = 0; i < n; i++) {
-      seen += r[i].chunk;
+      seen += whole[i].chunk;
       if (i) {
-        assert_true(r[i - 1].next_use >= r[i].next_use);
-        if (r[i - 1].next_use == r[i].next_use && r[i - 1].dirty != r[i].dirty)
-          assert_false(r[i - 1].dirty); /* clean first */
+        assert_true(whole[i - 1].next_use >= whole[i].next_use);
+        if (whole[i - 1].next_use == whole[i].next_use && whole[i - 1].dirty != whole[i].dirty)
+          assert_false(whole[i - 1].dirty); /* clean first */
       }
     }
     assert_int_equal(seen, sum);
+    /* the first k alone: the same prefix as the whole sort, the rest still a permutation */
+    size_t k = seed % (n + 2);
+    psp_sort_farthest(r, n, k);
+    seen = 0;
+    for (size_t i = 0; i < n; i++) {
+      seen += r[i].chunk;
+      if (i < k)
+        assert_int_equal(r[i].chunk, whole[i].chunk);
+    }
+    assert_int_equal(seen, sum);
   }
+}
+
+/* The margin by phase: the latest iteration's values per slice, looked up ahead. */
+static void test_phase_max(void **state)
+{
+  (void)state;
+  psp_phase_max m = {0};
+  const uint64_t P = 6400; /* 100 moments per slice */
+  assert_int_equal(psp_phase_ahead(&m, 0, 100), 0);
+  psp_phase_note(&m, 0, 0, 7); /* no period: ignored */
+  assert_int_equal(psp_phase_ahead(&m, 0, 100), 0);
+  /* iteration 1: 10 in slice 3, 50 in slice 40, 20 in slice 41 */
+  psp_phase_note(&m, P + 300, P, 10);
+  psp_phase_note(&m, P + 350, P, 4); /* smaller, same slice and iteration: kept 10 */
+  psp_phase_note(&m, P + 4000, P, 50);
+  psp_phase_note(&m, P + 4100, P, 20);
+  assert_int_equal(psp_phase_ahead(&m, 2 * P + 250, 100), 10); /* slices 2..3: 10 */
+  assert_int_equal(psp_phase_ahead(&m, 2 * P + 3950, 100), 50); /* slices 39..40 */
+  assert_int_equal(psp_phase_ahead(&m, 2 * P + 4100, 50), 20);  /* slices 41..42 */
+  assert_int_equal(psp_phase_ahead(&m, 2 * P + 1000, 100), 50); /* nothing noted there: the most anywhere */
+  assert_int_equal(psp_phase_ahead(&m, 2 * P + 6350, 400), 10); /* slices 63, 0..3: wraps into the next */
+  /* iteration 2 overwrites slice 40 with a smaller value */
+  psp_phase_note(&m, 2 * P + 4050, P, 5);
+  assert_int_equal(psp_phase_ahead(&m, 3 * P + 4000, 0), 5);
+  /* a new period forgets */
+  psp_phase_note(&m, 10, 1000, 3);
+  assert_int_equal(psp_phase_ahead(&m, 2010, 0), 3);
+  assert_int_equal(psp_phase_ahead(&m, 2500, 10), 3); /* unknown slice: the most anywhere */
 }
 
 static const psp_cost h200 = {.h2d = 55e9, .d2h = 55e9, .zero_copy = 51e9, .hbm = 4000e9};
@@ -304,6 +345,7 @@ int main(void)
       cmocka_unit_test(test_victim_opt),     cmocka_unit_test(test_victim_lru),
       cmocka_unit_test(test_cost),           cmocka_unit_test(test_predict_next),
       cmocka_unit_test(test_sort_farthest),
+    cmocka_unit_test(test_phase_max),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
