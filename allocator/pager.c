@@ -32,6 +32,10 @@
  * In bytes, so smaller chunks move as fast; at least 8 chunks. */
 #define PLAN_BYTES (512ull << 20)
 #define MARGIN_LOOKAHEAD 8 /* room is made for the margin 1/8 of an iteration ahead */
+/* Each use of a chunk in a host frame crosses PCIe once (a read, or a read and a write);
+ * a page-in crosses once in and, to make room, once out. So only a chunk used more than
+ * twice per iteration is worth fetching: optimizer state, touched once, is read in place. */
+#define FETCH_MIN_USES 3
 
 static _Atomic bool paging_off; /* see stop_paging */
 
@@ -365,8 +369,8 @@ static size_t candidates(struct device *d, enum psa_where w, uint64_t now, uint6
     if (w == PSA_GPU && (young(c->span, now, period) || !c->span->live_allocs))
       continue;
     uint64_t next = period ? predicted_next(c, now, period) : PSP_NEVER - c->last_use;
-    if (w == PSA_HOST && period && next == PSP_NEVER)
-      continue; /* not used in the last iteration: not expected soon */
+    if (w == PSA_HOST && period && (next == PSP_NEVER || psp_uses_within(c->uses, PSA_USES, now, period) < FETCH_MIN_USES))
+      continue; /* not expected soon, or cheaper read in place */
     /* Fetches want the soonest: the victims' order with next uses reversed. */
     out[n++] = (psp_cand){.chunk = (uint32_t)i, .bytes = d->chunk_size, .dirty = true,
                           .next_use = w == PSA_GPU ? next : PSP_NEVER - next};

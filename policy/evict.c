@@ -88,6 +88,14 @@ void psp_sort_farthest(psp_cand *cands, size_t n, size_t k)
     qsort(cands, k, sizeof *cands, farthest_first);
 }
 
+size_t psp_uses_within(const uint64_t *uses, size_t n, uint64_t now, uint64_t period)
+{
+  size_t within = 0;
+  for (size_t i = 0; i < n; i++)
+    within += uses[i] && uses[i] <= now && now - uses[i] < period;
+  return within;
+}
+
 uint64_t psp_predict_next(const uint64_t *uses, size_t n, uint64_t now, uint64_t period)
 {
   if (!period)

@@ -97,6 +97,9 @@ void psp_sort_farthest(psp_cand *cands, size_t n, size_t k);
  * chunk used more often than remembered is treated as always due). uses may hold zeros
  * (unused slots). */
 uint64_t psp_predict_next(const uint64_t *uses, size_t n, uint64_t now, uint64_t period);
+/* How many of the uses fall within the last period before now (n: used more often per
+ * iteration than remembered). */
+size_t psp_uses_within(const uint64_t *uses, size_t n, uint64_t now, uint64_t period);
 
 /* ---- a quantity by phase of the iteration (the pager's margin) ---- */
 

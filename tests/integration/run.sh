@@ -36,15 +36,16 @@ PY
   ;;
 train_auto)
   # The pager (PSSHIM_POLICY=auto) moving chunks while the loop runs, with the fake driver
-  # slowing copies, events and kernels so migrations overlap launches.
-  native=$("$prog" 8 8 4) || fail "native run: $native"
+  # slowing copies, events and kernels so migrations overlap launches. 30 steps: the
+  # period detector takes about 20 of them to settle on this loop's 24 launches.
+  native=$("$prog" 30 8 4) || fail "native run: $native"
   echo "native:      $native"
   for delays in "0 0 0" "300 200 50"; do
     read -r copy_us event_us kernel_us <<<"$delays"
     for budget in 48M 24M 8M; do
       out=$(FAKECUDA_COPY_DELAY_US=$copy_us FAKECUDA_EVENT_DELAY_US=$event_us FAKECUDA_KERNEL_DELAY_US=$kernel_us \
         under_psshim PSSHIM_POLICY=auto PSSHIM_RUNAHEAD=4 PSSHIM_CUPTI="$FAKE_CUPTI" PSSHIM_GPU_BUDGET=$budget PSSHIM_HOST_BUDGET=256M \
-        PSSHIM_STATS="$tmp/s.json" "$prog" 8 8 4) || fail "auto, budget $budget, delays $delays: $out"
+        PSSHIM_STATS="$tmp/s.json" "$prog" 30 8 4) || fail "auto, budget $budget, delays $delays: $out"
       echo "auto $budget (delays $delays): $out"
       [ "${out%, psshim*}" = "${native%, psshim*}" ] || fail "auto, budget $budget: results differ from the native run"
       python3 - "$tmp/s.json" "$tmp/moves" <<'PY' || fail "auto, budget $budget: stats"

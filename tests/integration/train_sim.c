@@ -1,7 +1,8 @@
 /* A training loop in miniature, written as a framework writes it against the CUDA
  * runtime: parameters and optimizer state allocated once with cudaMalloc, activations
  * with cudaMallocAsync/cudaFreeAsync every step on a stream, "kernels" that read and
- * write them. Every value is checked at the end of every step. Run under
+ * write them (parameters three times a step: forward, its recomputation, the update;
+ * optimizer state once). Every value is checked at the end of every step. Run under
  * LD_PRELOAD=libpsshim.so with a GPU budget below its peak, it must finish with the same
  * checksums as without psshim. Prints one summary line; exits non-zero on a mismatch.
  * Usage: train_sim [steps] [layers] [MiB per layer] */
@@ -88,7 +89,9 @@ int main(int argc, char **argv)
       launch(forward_kernel, fp, s);
     }
     for (int l = layers - 1; l >= 0; l--) {
-      void *up[] = {&param[l], &state[l], &act[l], &n};
+      uint64_t st = (uint64_t)step;
+      void *fp[] = {&param[l], &act[l], &n, &st}, *up[] = {&param[l], &state[l], &act[l], &n};
+      launch(forward_kernel, fp, s); /* recomputed, as under activation checkpointing */
       launch(update_kernel, up, s);
       check(cudaFreeAsync(act[l], s), "cudaFreeAsync");
       for (uint64_t i = 0; i < n; i++) { /* the same arithmetic on the host */

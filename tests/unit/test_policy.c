@@ -307,6 +307,9 @@ static void test_predict_next(void **state)
   assert_int_equal(psp_predict_next(uses, 4, 415, P), 460); /* past 410: 360 is the earliest within */
   assert_int_equal(psp_predict_next(uses, 4, 470, P), PSP_NEVER); /* nothing in the last period */
   assert_int_equal(psp_predict_next(uses, 4, 370, 0), PSP_NEVER); /* no period known */
+  assert_int_equal(psp_uses_within(uses, 4, 370, P), 2); /* 310 and 360 */
+  assert_int_equal(psp_uses_within(uses, 4, 415, P), 1); /* 360 */
+  assert_int_equal(psp_uses_within(uses, 4, 305, P), 1); /* 210; 310 and 360 are later */
   uint64_t busy[4] = {366, 367, 368, 369}; /* every slot within the period: always due */
   assert_int_equal(psp_predict_next(busy, 4, 370, P), 371);
   /* against brute force on a periodic pattern: one use at phase k of each iteration */
