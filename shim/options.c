@@ -101,6 +101,10 @@ static bool parse_one(const struct option_def *o, const char *text)
     uint64_t b;
     if (!ps_parse_size(text, &b, NULL) || b == 0)
       return false;
+    /* The VMM granularity is only known from the driver; 2 MiB is what every current GPU
+     * reports, and allocator init re-checks against the real value. */
+    if (o->value == &ps_options.chunk_size && b % (2u << 20))
+      return false;
     *(uint64_t *)o->value = b;
     return true;
   }
@@ -153,14 +157,6 @@ bool ps_options_parse(char *err, size_t errlen)
                  o->def ? "; default " : "", o->def ? o->def : "");
       return false;
     }
-  }
-  /* The granularity is only known from the driver; 2 MiB is what every current GPU
-   * reports, and allocator init re-checks against the real value. */
-  if (ps_options.chunk_size % (2u << 20)) {
-    if (err)
-      snprintf(err, errlen, "PSSHIM_CHUNK_SIZE=%s is not valid: PSSHIM_CHUNK_SIZE accepts a non-zero size "
-               "that is a multiple of 2M (e.g. 64M)", getenv("PSSHIM_CHUNK_SIZE"));
-    return false;
   }
   ps_options.keep_torch_allocator = torch_alloc_choice == 1;
   ps_options.stats = stats_text && strcmp(stats_text, "0") != 0;
