@@ -82,6 +82,9 @@ struct psa_stats {
    * (Belady); the margin kept for short-lived allocations, in frames */
   uint64_t plans, plans_no_fetch, plans_no_victim, plans_belady, margin_frames;
   uint64_t touches_gpu, touches_host; /* observed chunk touches served from each kind of frame (auto) */
+  /* host time auto spent on the launching threads: planning (moves included), remapping
+   * moved chunks, and holding the host back to PSSHIM_RUNAHEAD launches ahead */
+  uint64_t plan_ns, remap_ns, runahead_wait_ns;
   uint64_t gpu_budget, host_budget, chunk_size;
 };
 /* Sums over devices. */

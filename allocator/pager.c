@@ -206,8 +206,10 @@ static uint32_t move_onto(struct device *d, uint64_t chunk, uint32_t to, struct 
   int64_t bytes = copy_live_async(d, chunk, from, to, s);
   struct psa_mark *copy = bytes < 0 ? NULL : mark_new(d, s);
   CUdeviceptr va = d->base + chunk * d->chunk_size;
+  uint64_t remap_start = now_ns();
   if (copy && !PS_CU(ps_driver.cuMemUnmap(va, d->chunk_size))) {
     if (psa_map(d, va, d->frames[to].handle) == CUDA_SUCCESS) {
+      d->stats.remap_ns += now_ns() - remap_start;
       c->frame = to;
       c->copy = copy;
       d->copying[d->ncopying++] = chunk;
@@ -614,9 +616,11 @@ void psa_on_moment(const struct pst_launch *l, bool enter)
     /* Flow control: the host stays at most PSSHIM_RUNAHEAD launches ahead of the GPU, so a
      * chunk is quiescent soon after its last use and can move before its next one.
      * The wait is made without the lock (the visit's reference keeps the event). */
+    uint64_t wait_start = now_ns();
     CUresult r = ps_driver.cuEventSynchronize(v.ahead->event);
     (void)r; /* an error ends the wait too: the work is over, or failed (as in mark_passed) */
     pthread_mutex_lock(&v.ahead_dev->lock);
+    v.ahead_dev->stats.runahead_wait_ns += now_ns() - wait_start;
     v.ahead->done = true;
     mark_put(v.ahead_dev, v.ahead);
     pthread_mutex_unlock(&v.ahead_dev->lock);
@@ -634,8 +638,10 @@ void psa_on_moment(const struct pst_launch *l, bool enter)
     if (!d->ready)
       continue;
     pthread_mutex_lock(&d->lock);
+    uint64_t start = now_ns();
     psa_moves_poll(d); /* as often as plans: each poll queries every copy in flight */
     plan(d, l->seq + 1);
+    d->stats.plan_ns += now_ns() - start;
     pthread_mutex_unlock(&d->lock);
   }
 }

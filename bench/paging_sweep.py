@@ -370,18 +370,24 @@ def pager_table(sweep: dict) -> str | None:
         if not isinstance(s, dict):
             continue
         touches = (s.get("touches_gpu") or 0) + (s.get("touches_host") or 0)
+        steps = r.get("steps_run") or 0
+
+        def ms_per_step(key):
+            return benchlib.fmt(s[key] / 1e6 / steps if steps and key in s else None, ".0f")
         rows.append([
             benchlib.fmt(r.get("ratio"), "g"), r["method"], str(s.get("migrations_to_gpu", "-")),
             str(s.get("migrations_to_host", "-")), str(s.get("copy_waits", "-")),
             benchlib.fmt(100.0 * s["touches_host"] / touches if touches else None, ".1f"),
             str(s.get("period", "-")), str(s.get("plans", "-")), str(s.get("plans_no_fetch", "-")),
             str(s.get("plans_no_victim", "-")), str(s.get("plans_belady", "-")),
-            str(s.get("margin_frames", "-"))])
+            str(s.get("margin_frames", "-")), ms_per_step("plan_ns"), ms_per_step("remap_ns"),
+            ms_per_step("runahead_wait_ns")])
     if not rows:
         return None
     return benchlib.format_table(
         ["ratio", "method", "moves in", "moves out", "copy waits", "host touch %", "period",
-         "plans", "no fetch", "no victim", "Belady", "margin"], rows)
+         "plans", "no fetch", "no victim", "Belady", "margin", "plan ms/step", "remap ms/step",
+         "wait ms/step"], rows)
 
 
 def plot(sweep: dict, path: str) -> str | None:
@@ -495,7 +501,8 @@ def main(argv=None) -> int:
     if pager:
         print("\npsshim's pager (PSSHIM_STATS): moves, launches that waited for a copy, chunk "
               "touches served from host frames, the adopted period (launches), plans and why "
-              "they stopped, margin (frames)")
+              "they stopped, margin (frames), and host time per step (over all steps) that "
+              "the launching threads spent planning, remapping, and held back by the run-ahead bound")
         print(pager)
     return 0
 

@@ -54,6 +54,7 @@ s = json.load(open(sys.argv[1]))
 print(f"  migrations: to GPU {s['migrations_to_gpu']} ({s['bytes_h2d']>>20} MiB), to host {s['migrations_to_host']} "
       f"({s['bytes_d2h']>>20} MiB), copy waits {s['copy_waits']}")
 assert s["migrations_to_gpu"] + s["migrations_to_host"] > 0, "the pager moved nothing"
+assert s["plan_ns"] > 0 and s["remap_ns"] > 0 and s["runahead_wait_ns"] >= 0, "pager times not counted"
 assert s["peak_gpu_bytes"] <= s["gpu_budget"], "GPU budget exceeded"
 open(sys.argv[2], "a").write(f"{s['migrations_to_gpu']} {s['migrations_to_host']}\n")
 PY
