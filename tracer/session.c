@@ -47,6 +47,11 @@ static void track_iteration(const struct pst_launch *l)
       while (next_boundary < fed)
         next_boundary += p;
     }
+    /* A new candidate is confirmed (or not) two of its periods later, not after the
+     * doubling wait: a 24-launch loop asked at 130 and 260 launches would otherwise first
+     * agree at 520. */
+    if (found && p != candidate && p != period && fed + 2 * (uint64_t)p + 64 < next_ask)
+      next_ask = fed + 2 * (uint64_t)p + 64;
     candidate = found ? p : 0;
   }
   bool boundary = period && fed >= next_boundary;

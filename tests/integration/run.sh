@@ -37,7 +37,7 @@ PY
 train_auto)
   # The pager (PSSHIM_POLICY=auto) moving chunks while the loop runs, with the fake driver
   # slowing copies, events and kernels so migrations overlap launches. 30 steps: the
-  # period detector takes about 20 of them to settle on this loop's 24 launches.
+  # period is adopted after about 14 of them (on this loop's 24 launches).
   native=$("$prog" 30 8 4) || fail "native run: $native"
   echo "native:      $native"
   for delays in "0 0 0" "300 200 50"; do
@@ -68,7 +68,7 @@ doors)
     || fail "doors"
   ;;
 iterations)
-  # 300 steps of 16 launches (8 layers forward, 8 updates): the session must find the
+  # 300 steps of 24 launches (8 layers forward, then 8 recomputes and updates): the session must find the
   # step, not one layer's repeated kernel, and the report must count it.
   under_psshim PSSHIM_CUPTI="$FAKE_CUPTI" PSSHIM_TRACE="$tmp/it.trace" PSSHIM_GPU_BUDGET=64M "$prog" 300 8 1 \
     || fail "traced run"
@@ -76,7 +76,7 @@ iterations)
   line=$(grep -E '^ +steady ' "$tmp/report.txt") || fail "no steady iterations: $(cat "$tmp/report.txt")"
   echo "$line"
   read -r _ iterations _ _ _ _ per_it _ <<<"$line"
-  [ "$per_it" = 16 ] || fail "$per_it launches per iteration, expected 16"
+  [ "$per_it" = 24 ] || fail "$per_it launches per iteration, expected 24"
   [ "$iterations" -ge 280 ] || fail "only $iterations iterations of 300 found"
   ;;
 ranks)
