@@ -185,10 +185,11 @@ bool psc_agree_checksums(const uint64_t *sums, size_t count, bool *agree) {
   bool ok = theirs != NULL;
   for (int k = 1; ok && k < nranks(); k++) {
     uint64_t m = 0;
-    ok = get(psc_state.star[k], &m, sizeof m) && m == count &&
-         get(psc_state.star[k], theirs, count * sizeof *theirs);
+    bool counted = get(psc_state.star[k], &m, sizeof m);
+    ok = counted && m == count && get(psc_state.star[k], theirs, count * sizeof *theirs);
     if (!ok) {
-      star_fail(m == count ? "the checksum exchange" : "the checksum exchange (another count of chunks)", k);
+      if (counted && m != count) errno = EPROTO;
+      star_fail(counted && m != count ? "the checksum exchange (another count of chunks)" : "the checksum exchange", k);
       break;
     }
     for (size_t i = 0; i < count; i++) agree[i] = agree[i] && theirs[i] == sums[i];
