@@ -76,4 +76,8 @@ void psa_stats_write(FILE *f, bool json)
   fprintf(f, "psshim: chunk %.0f MiB, fill %.1f%%; migrations to GPU %llu (%.1f MiB), to host %llu (%.1f MiB)\n",
           mib(s.chunk_size), fill, (unsigned long long)s.migrations_to_gpu, mib(s.bytes_h2d),
           (unsigned long long)s.migrations_to_host, mib(s.bytes_d2h));
+  if (s.shares)
+    fprintf(f, "psshim: sharing: %llu chunks shared with the node's ranks, %llu made private again; host frames "
+            "saved: %.1f MiB now, %.1f MiB at most\n", (unsigned long long)s.shares, (unsigned long long)s.unshares,
+            mib(s.shard_saved_bytes), mib(s.peak_shard_saved_bytes));
 }
