@@ -175,7 +175,7 @@ bool psa_live_next(struct device *d, uint64_t chunk, uint64_t *at, uint64_t *end
 
 /* shard.c (called with d->lock held): chunks replicated on every rank of the node kept once,
  * in pieces, while no rank touches them */
-extern bool psa_allocs_agree; /* the allocation check passed: chunk ids match across ranks */
+extern _Atomic bool psa_allocs_agree; /* the allocation check passed: chunk ids match across ranks */
 /* Makes a shared chunk this rank's own again before anything may touch it (a move: copy,
  * remap); fatal only when no memory at all can be had for it. */
 void psa_unshare(struct device *d, uint64_t chunk);

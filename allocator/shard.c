@@ -19,7 +19,8 @@
  * ranks keep their mappings of the pieces, which stay alive while any rank maps them.
  *
  * Not built: page-in of a shared chunk as own piece + all-gather, so only chunks untouched
- * for an iteration are shared (parameters used every step are not); checksums on the GPU. Only the first device of a rank shares. */
+ * for an iteration are shared (parameters used every step are not); checksums on the GPU.
+ * Only the first device of a rank shares. */
 #include "allocator/allocator_internal.h"
 #include "comm/comm.h"
 
@@ -283,7 +284,8 @@ static struct device *first_device(void)
 
 void psa_shard_boundary(void)
 {
-  if (psc_nranks() < 2 || !psa_allocs_agree || ps_options.policy != PS_POLICY_AUTO || atomic_load(&stopped))
+  if (psc_nranks() < 2 || !atomic_load(&psa_allocs_agree) || ps_options.policy != PS_POLICY_AUTO ||
+      atomic_load(&stopped))
     return;
   struct device *d = first_device();
   uint64_t period = pst_session_period();
@@ -384,11 +386,13 @@ void psa_shard_stop(void)
 {
   if (atomic_exchange(&stopped, true))
     return;
-  psc_star_close();
   struct device *d = first_device();
-  if (!d)
+  if (!d) {
+    psc_star_close();
     return;
-  pthread_mutex_lock(&d->lock);
+  }
+  pthread_mutex_lock(&d->lock); /* the star is used under it */
+  psc_star_close();
   for (uint64_t i = 0; d->shard && i < d->nchunks; i++)
     if (d->chunks[i].frame == psa_shared_frame(d))
       psa_unshare(d, i);

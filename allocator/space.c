@@ -15,7 +15,7 @@ _Atomic uint64_t psa_space_lo[PSA_MAX_DEVICES], psa_space_hi[PSA_MAX_DEVICES];
 static _Atomic uint64_t hull_lo = UINT64_MAX, hull_hi;
 static _Atomic int devices_hi; /* one past the highest ordinal set up */
 bool psa_forked_child;
-bool psa_allocs_agree;
+_Atomic bool psa_allocs_agree;
 static pthread_mutex_t setup_lock = PTHREAD_MUTEX_INITIALIZER;
 
 #define GiB (1024ull * 1024 * 1024)
