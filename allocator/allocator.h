@@ -58,6 +58,11 @@ void psa_on_moment(const struct pst_launch *l, bool enter);
  * node's ranks compare what they allocated until then, and a difference is said on every
  * rank in one line. Waits for the other ranks (PSSHIM_COMM_TIMEOUT_S at most). */
 void psa_first_iteration_done(void);
+/* An iteration boundary has passed (from the tracer's session; every rank of the node meets
+ * it at the same launch when they run the same program): under torchrun with
+ * PSSHIM_POLICY=auto, host chunks equal on every rank at two boundaries in a row become
+ * shared, each rank holding 1/N of them (allocator/shard.c). Waits for the other ranks. */
+void psa_shard_boundary(void);
 
 /* Memory in use on `ordinal` as a memory pool would count it: reserved = bytes of the frames
  * its chunks hold, used = bytes of live allocations; highs since the last reset. False
@@ -85,6 +90,9 @@ struct psa_stats {
   /* host time auto spent on the launching threads: planning (moves included), remapping
    * moved chunks, and holding the host back to PSSHIM_RUNAHEAD launches ahead */
   uint64_t plan_ns, remap_ns, runahead_wait_ns;
+  /* sharding: chunks made shared and private again, shared now, this rank's pieces of them
+   * (host bytes), and the host bytes it does not hold thanks to them (now, and at most) */
+  uint64_t shares, unshares, shared_chunks, shared_host_bytes, shard_saved_bytes, peak_shard_saved_bytes;
   uint64_t gpu_budget, host_budget, chunk_size;
 };
 /* Sums over devices. */

@@ -95,6 +95,7 @@ struct device {
   struct frame *frames;
   uint32_t frames_made;
   uint32_t free_gpu, free_host; /* free-frame lists */
+  uint32_t dead_frames;         /* slots of destroyed frames, reused first (frames.c) */
   uint64_t gpu_frame_limit, host_frame_limit, gpu_frames_held, host_frames_held;
   bool host_numa; /* HOST_NUMA frames work; else plain HOST */
   bool node_budget_said;
@@ -128,6 +129,7 @@ struct device {
   uint64_t reserved_high, used_high; /* since the last psa_usage_reset_high */
   uint64_t alloc_digest; /* the allocations' sizes, as a sum of mixed sizes (space.c) */
   psp_cand *cands; /* scratch for the pager's plans, two per chunk */
+  struct psa_shard *shard; /* sharding among the node's ranks (shard.c), NULL until used */
   struct psa_stats stats;
 };
 
@@ -148,6 +150,12 @@ CUresult psa_frames_init(struct device *d);
 /* A free frame of `where`, made if under the limit; PSA_NO_FRAME when none can be had. */
 uint32_t psa_frame_take(struct device *d, enum psa_where where);
 void psa_frame_give(struct device *d, uint32_t f);
+/* Releases a frame's memory for good (a shared chunk no longer needs its own); its slot is
+ * reused by the next frame made. */
+void psa_frame_destroy(struct device *d, uint32_t f);
+/* The frame index of every chunk shared among the node's ranks (shard.c): a host "frame"
+ * of pieces, one slot past every real frame; never given back nor moved. */
+static inline uint32_t psa_shared_frame(const struct device *d) { return (uint32_t)d->max_frames + 1; }
 
 /* spans.c */
 struct span *psa_span_new(struct device *d, uint64_t nchunks);
@@ -164,6 +172,22 @@ void psa_span_relist(struct device *d, struct span *s);
 void psa_trace_chunk(struct device *d, uint64_t chunk, uint32_t event);
 CUevent psa_event_get(struct device *d);
 void psa_event_put(struct device *d, CUevent e);
+
+/* The next live (allocated) bytes of chunk at or after span offset *at: [*at, *end);
+ * false when there are none before the chunk's end. */
+bool psa_live_next(struct device *d, uint64_t chunk, uint64_t *at, uint64_t *end);
+
+/* shard.c (called with d->lock held): chunks replicated on every rank of the node kept once,
+ * in pieces, while no rank touches them */
+extern _Atomic bool psa_allocs_agree; /* the allocation check passed: chunk ids match across ranks */
+/* Makes a shared chunk this rank's own again before anything may touch it (a move: copy,
+ * remap); fatal only when no memory at all can be had for it. */
+void psa_unshare(struct device *d, uint64_t chunk);
+/* A shared chunk's span is deleted: its pieces are unmapped and let go. */
+void psa_shard_drop(struct device *d, uint64_t chunk);
+/* Work psshim cannot see may touch any chunk: every shared chunk becomes private and no
+ * chunk is shared again (called without locks). */
+void psa_shard_stop(void);
 
 /* pager.c (called with d->lock held) */
 /* Moves a chunk no launch is using onto a frame of `to` (see pager.c); NOT_READY when it

@@ -55,7 +55,11 @@ static uint32_t make(struct device *d, enum psa_where where)
     d->node_budget_said = true;
     return PSA_NO_FRAME;
   }
-  uint32_t id = d->frames_made++;
+  uint32_t id = d->dead_frames;
+  if (id == PSA_NO_FRAME)
+    id = d->frames_made++;
+  else
+    d->dead_frames = d->frames[id].next_free; /* a destroyed frame's slot and staging address */
   (*made)++;
   d->frames_in_making[where]++;
   struct frame f = {0};
@@ -71,6 +75,8 @@ static uint32_t make(struct device *d, enum psa_where where)
      * the budget shrinks to what was made, said once. */
     (*made)--;
     *frame_limit(d, where) = *made;
+    d->frames[id].next_free = d->dead_frames;
+    d->dead_frames = id;
     ps_log(PS_LOG_WARN, "%s frame %u could not be made (%s): %s budget now %llu MiB", where == PSA_GPU ? "GPU" : "host",
            id, ps_cu_error_name(r), where == PSA_GPU ? "GPU" : "host",
            (unsigned long long)((*made * d->chunk_size) >> 20));
@@ -120,7 +126,7 @@ static void *pool_main(void *arg)
 
 CUresult psa_frames_init(struct device *d)
 {
-  d->free_gpu = d->free_host = PSA_NO_FRAME;
+  d->free_gpu = d->free_host = d->dead_frames = PSA_NO_FRAME;
   /* HOST_NUMA frames are what the driver documents for device-accessible host memory;
    * older drivers know only HOST. Probe once. */
   CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
@@ -182,4 +188,17 @@ void psa_frame_give(struct device *d, uint32_t id)
 {
   count_held(d, d->frames[id].where, -1);
   push_free(d, id);
+}
+
+void psa_frame_destroy(struct device *d, uint32_t id)
+{
+  struct frame *f = &d->frames[id];
+  count_held(d, f->where, -1);
+  PS_CU(ps_driver.cuMemUnmap(f->staging, d->chunk_size));
+  PS_CU(ps_driver.cuMemRelease(f->handle));
+  if (f->where == PSA_HOST)
+    psc_host_release(d->chunk_size);
+  (*frames_made(d, f->where))--;
+  f->next_free = d->dead_frames;
+  d->dead_frames = id;
 }

@@ -186,8 +186,8 @@ static void give_after(struct device *d, uint32_t frame, struct psa_mark *copy)
 static bool movable(struct device *d, uint64_t chunk)
 {
   struct chunk *c = &d->chunks[chunk];
-  return c->frame != PSA_NO_FRAME && !c->in_flight && !c->span->building && psa_copy_done(d, chunk, false) &&
-         users_passed(d, c, false);
+  return c->frame != PSA_NO_FRAME && c->frame != psa_shared_frame(d) && !c->in_flight && !c->span->building &&
+         psa_copy_done(d, chunk, false) && users_passed(d, c, false);
 }
 
 /* Moves a quiescent chunk onto frame `to` (taken by the caller; given back on failure):
@@ -514,6 +514,8 @@ static void for_each_chunk(struct visit *v, void (*fn)(struct device *, uint64_t
 static void enter_chunk(struct device *d, uint64_t chunk, struct visit *v)
 {
   struct chunk *c = &d->chunks[chunk];
+  if (c->frame == psa_shared_frame(d))
+    psa_unshare(d, chunk); /* it may write: its own copy first */
   if (!psa_copy_done(d, chunk, false)) {
     /* The copy that put its data here is still running: this launch waits for it. */
     if (PS_CU(ps_driver.cuStreamWaitEvent((CUstream)(uintptr_t)v->l->stream, c->copy->event, 0)))
@@ -565,6 +567,7 @@ static void exit_chunk(struct device *d, uint64_t chunk, struct visit *v)
  * runs now (stream not capturing) waits for them on its stream. */
 static void stop_paging(const struct pst_launch *l, bool capturing)
 {
+  psa_shard_stop();
   if (!atomic_exchange(&paging_off, true))
     ps_log(PS_LOG_WARN, "%s: its memory accesses cannot be observed, so paging stops (placement stays as it is)",
            capturing ? "a stream is capturing a CUDA graph" : l->name ? l->name : "a CUDA graph launch");

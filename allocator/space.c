@@ -15,6 +15,7 @@ _Atomic uint64_t psa_space_lo[PSA_MAX_DEVICES], psa_space_hi[PSA_MAX_DEVICES];
 static _Atomic uint64_t hull_lo = UINT64_MAX, hull_hi;
 static _Atomic int devices_hi; /* one past the highest ordinal set up */
 bool psa_forked_child;
+_Atomic bool psa_allocs_agree;
 static pthread_mutex_t setup_lock = PTHREAD_MUTEX_INITIALIZER;
 
 #define GiB (1024ull * 1024 * 1024)
@@ -110,7 +111,7 @@ void psa_first_iteration_done(void)
     digest = digest * 31 + d->alloc_digest + (uint64_t)i;
     pthread_mutex_unlock(&d->lock);
   }
-  psc_check_alloc_hash(digest); /* says a difference itself, on every rank */
+  psa_allocs_agree = psc_check_alloc_hash(digest); /* says a difference itself, on every rank */
 }
 
 /* Under torchrun the ranks of a node meet once: every rank must run with the same
@@ -150,7 +151,7 @@ static bool setup(struct device *d, int ordinal)
     return false;
   }
   d->chunks = calloc(d->nchunks, sizeof *d->chunks);
-  d->frames = calloc(d->max_frames + 1, sizeof *d->frames);
+  d->frames = calloc(d->max_frames + 2, sizeof *d->frames); /* and psa_shared_frame */
   d->cands = calloc(2 * d->nchunks, sizeof *d->cands); /* fetches, then victims */
   if (ps_options.policy == PS_POLICY_AUTO)
     d->recent = calloc(ps_options.runahead, sizeof *d->recent);
@@ -160,6 +161,7 @@ static bool setup(struct device *d, int ordinal)
   }
   for (uint64_t i = 0; i < d->nchunks; i++)
     d->chunks[i].frame = PSA_NO_FRAME;
+  d->frames[psa_shared_frame(d)].where = PSA_HOST;
   join_node(d); /* before any host frame is made, so every one is counted node-wide */
   if (PS_CU(psa_frames_init(d)))
     return false;

@@ -212,6 +212,24 @@ bool psa_span_idle(struct device *d, struct span *s)
   return s->nranges == 1 && !s->ranges[0].pending;
 }
 
+bool psa_live_next(struct device *d, uint64_t chunk, uint64_t *at, uint64_t *end)
+{
+  const struct span *s = d->chunks[chunk].span;
+  uint64_t hi = (chunk - s->first_chunk + 1) * d->chunk_size;
+  for (uint32_t i = 0; i < s->nranges && *at < hi; i++) {
+    const struct range *r = &s->ranges[i];
+    if (r->off + r->len <= *at)
+      continue;
+    if (r->off > *at) {
+      *end = r->off < hi ? r->off : hi;
+      return true;
+    }
+    *at = r->off + r->len; /* inside a free range: live bytes start after it */
+  }
+  *end = hi;
+  return *at < hi;
+}
+
 void psa_trace_chunk(struct device *d, uint64_t chunk, uint32_t event)
 {
   if (!pst_trace_enabled())
@@ -229,8 +247,12 @@ void psa_span_delete(struct device *d, struct span *s)
     struct chunk *c = &d->chunks[s->first_chunk + i];
     if (c->frame == PSA_NO_FRAME)
       continue;
-    PS_CU(ps_driver.cuMemUnmap(d->base + (s->first_chunk + i) * d->chunk_size, d->chunk_size));
-    psa_frame_give(d, c->frame);
+    if (c->frame == psa_shared_frame(d)) {
+      psa_shard_drop(d, s->first_chunk + i);
+    } else {
+      PS_CU(ps_driver.cuMemUnmap(d->base + (s->first_chunk + i) * d->chunk_size, d->chunk_size));
+      psa_frame_give(d, c->frame);
+    }
     c->frame = PSA_NO_FRAME;
     d->stats.mapped_chunk_bytes -= d->chunk_size;
     psa_trace_chunk(d, s->first_chunk + i, PST_CHUNK_RELEASED);

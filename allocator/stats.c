@@ -43,7 +43,9 @@ void psa_stats_write(FILE *f, bool json)
             "\"copy_waits\": %llu, \"touches_gpu\": %llu, \"touches_host\": %llu, \"launches\": %llu, "
             "\"iterations\": %llu, \"period\": %llu, \"plans\": %llu, \"plans_no_fetch\": %llu, "
             "\"plans_no_victim\": %llu, \"plans_belady\": %llu, \"margin_frames\": %llu, \"plan_ns\": %llu, "
-            "\"remap_ns\": %llu, \"runahead_wait_ns\": %llu}\n",
+            "\"remap_ns\": %llu, \"runahead_wait_ns\": %llu, \"shares\": %llu, \"unshares\": %llu, "
+            "\"shared_chunks\": %llu, \"shared_host_bytes\": %llu, \"shard_saved_bytes\": %llu, "
+            "\"peak_shard_saved_bytes\": %llu}\n",
             (unsigned long long)s.allocs, (unsigned long long)s.frees, (unsigned long long)s.failed_allocs,
             (unsigned long long)s.live_bytes, (unsigned long long)s.peak_live_bytes,
             (unsigned long long)s.chunk_size, (unsigned long long)s.gpu_budget, (unsigned long long)s.host_budget,
@@ -58,7 +60,10 @@ void psa_stats_write(FILE *f, bool json)
             (unsigned long long)pst_session_period(), (unsigned long long)s.plans,
             (unsigned long long)s.plans_no_fetch, (unsigned long long)s.plans_no_victim,
             (unsigned long long)s.plans_belady, (unsigned long long)s.margin_frames, (unsigned long long)s.plan_ns,
-            (unsigned long long)s.remap_ns, (unsigned long long)s.runahead_wait_ns);
+            (unsigned long long)s.remap_ns, (unsigned long long)s.runahead_wait_ns, (unsigned long long)s.shares,
+            (unsigned long long)s.unshares, (unsigned long long)s.shared_chunks,
+            (unsigned long long)s.shared_host_bytes, (unsigned long long)s.shard_saved_bytes,
+            (unsigned long long)s.peak_shard_saved_bytes);
     return;
   }
   fprintf(f, "psshim: allocations %llu, frees %llu, failed %llu; live %.1f MiB, peak %.1f MiB\n",
@@ -73,4 +78,8 @@ void psa_stats_write(FILE *f, bool json)
   fprintf(f, "psshim: chunk %.0f MiB, fill %.1f%%; migrations to GPU %llu (%.1f MiB), to host %llu (%.1f MiB)\n",
           mib(s.chunk_size), fill, (unsigned long long)s.migrations_to_gpu, mib(s.bytes_h2d),
           (unsigned long long)s.migrations_to_host, mib(s.bytes_d2h));
+  if (s.shares)
+    fprintf(f, "psshim: sharing: %llu chunks shared with the node's ranks, %llu made private again; host frames "
+            "saved: %.1f MiB now, %.1f MiB at most\n", (unsigned long long)s.shares, (unsigned long long)s.unshares,
+            mib(s.shard_saved_bytes), mib(s.peak_shard_saved_bytes));
 }

@@ -120,5 +120,6 @@ void psc_node_leave(void) {
   }
   psc_state.comm = NULL;
   psc_state.comm_aborted = false;
+  psc_star_close();
   psc_rendezvous_close();
 }

@@ -87,6 +87,21 @@ bool psc_check_alloc_hash(uint64_t hash);
  * segment. */
 void psc_node_leave(void);
 
+/* ---- the socket star: sharded chunks' checksums and frames (star.c) ---- */
+/* Collective over the node's ranks, host side, each wait bounded by PSSHIM_COMM_TIMEOUT_S;
+ * the connections are made on first use. On a failure (a peer gone, a timeout) one line is
+ * written, the star is closed for good and this and every later call returns false at
+ * once; the peers' calls then fail at once too. */
+/* Every rank passes count checksums (0: not a candidate); afterwards agree[i] is true on
+ * every rank iff every rank passed the same nonzero sums[i]. */
+bool psc_agree_checksums(const uint64_t *sums, size_t count, bool *agree);
+#define PSC_MAX_RANKS 64 /* ranks of one node */
+/* Every rank passes a file descriptor (or -1: it cannot take part); afterwards fds[r] (room
+ * for PSC_MAX_RANKS) holds rank r's (new descriptors the caller closes; -1 where rank r passed none). */
+bool psc_share_fds(int mine, int fds[]);
+/* Closes the star for good (psc_node_leave does); the peers' next exchange fails. */
+void psc_star_close(void);
+
 /* ---- pinned host memory shared by the node's ranks ---- */
 /* Reserves bytes of the node's PSSHIM_HOST_BUDGET for this rank: false (nothing reserved)
  * if the ranks together would exceed it once the bytes of dead ranks are reclaimed. Alone,

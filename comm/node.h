@@ -8,6 +8,8 @@
 #include "comm/comm.h"
 #include "comm/shm_group.h"
 
+_Static_assert(PSG_MAX_MEMBERS == PSC_MAX_RANKS, "comm.h promises PSC_MAX_RANKS ranks");
+
 /* Bump when struct psc_node changes: ranks of different builds then refuse to meet. */
 #define PSC_NODE_LAYOUT 1u
 #define PSC_NODE_MAGIC (0x7073636e6f646500ull | PSC_NODE_LAYOUT) /* "pscnode" + layout */
@@ -39,6 +41,8 @@ struct psc_state {
   void *comm;            /* ncclComm_t */
   bool comm_aborted;
   CUresult (*stream_query)(CUstream);
+  int star[PSG_MAX_MEMBERS]; /* star.c: rank 0's connections by rank; others' [0], to rank 0 */
+  bool star_up, star_down;   /* down: failed or closed, for good */
 };
 extern struct psc_state psc_state;
 

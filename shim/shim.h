@@ -50,6 +50,10 @@ void ps_log_write(int level, const char *fmt, ...) __attribute__((format(printf,
   X(cuMemMap, CUresult, (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long)) \
   X(cuMemUnmap, CUresult, (CUdeviceptr, size_t))                                      \
   X(cuMemSetAccess, CUresult, (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t)) \
+  X(cuMemExportToShareableHandle, CUresult, (void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long)) \
+  X(cuMemImportFromShareableHandle, CUresult, (CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType)) \
+  X(cuMemAllocHost_v2, CUresult, (void **, size_t))                                   \
+  X(cuMemFreeHost, CUresult, (void *))                                                \
   X(cuMemGetAllocationGranularity, CUresult, (size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags)) \
   X(cuStreamCreate, CUresult, (CUstream *, unsigned int))                             \
   X(cuStreamDestroy_v2, CUresult, (CUstream))                                         \
@@ -63,6 +67,7 @@ void ps_log_write(int level, const char *fmt, ...) __attribute__((format(printf,
   X(cuEventSynchronize, CUresult, (CUevent))                                          \
   X(cuMemcpyAsync, CUresult, (CUdeviceptr, CUdeviceptr, size_t, CUstream))            \
   X(cuMemcpy, CUresult, (CUdeviceptr, CUdeviceptr, size_t))                           \
+  X(cuMemcpyDtoHAsync_v2, CUresult, (void *, CUdeviceptr, size_t, CUstream))          \
   X(cuFuncGetParamInfo, CUresult, (CUfunction, size_t, size_t *, size_t *))           \
   X(cuGetProcAddress_v2, CUresult, (const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *))
 

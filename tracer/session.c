@@ -65,6 +65,7 @@ static void track_iteration(const struct pst_launch *l)
     pst_trace_emit(&r);
     if (it == 1)
       psa_first_iteration_done();
+    psa_shard_boundary();
   }
 }
 

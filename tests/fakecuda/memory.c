@@ -146,6 +146,35 @@ static CUresult mem_free(CUdeviceptr ptr) {
 }
 FC_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) { FC_TRACED(cuMemFree_v2, mem_free(dptr), dptr); }
 
+/* Page-locked host memory: plain host memory here (every pointer is usable by the "device"),
+ * known so that cuMemFreeHost refuses anything else. */
+static struct fc_handles host_allocs = FC_HANDLES_INIT;
+
+static CUresult alloc_host(void **pp, size_t size) {
+  CUresult r = fc_check_init();
+  if (r != CUDA_SUCCESS) return r;
+  if (!pp || size == 0) return CUDA_ERROR_INVALID_VALUE;
+  void *p = malloc(size);
+  if (!p || !fc_handles_add(&host_allocs, p)) {
+    free(p);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  *pp = p;
+  return CUDA_SUCCESS;
+}
+FC_EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t bytesize) {
+  FC_TRACED(cuMemAllocHost_v2, alloc_host(pp, bytesize), pp, bytesize);
+}
+
+static CUresult free_host(void *p) {
+  CUresult r = fc_check_init();
+  if (r != CUDA_SUCCESS) return r;
+  if (!fc_handles_remove(&host_allocs, p)) return CUDA_ERROR_INVALID_VALUE;
+  free(p);
+  return CUDA_SUCCESS;
+}
+FC_EXPORT CUresult cuMemFreeHost(void *p) { FC_TRACED(cuMemFreeHost, free_host(p), p); }
+
 /* Stream-ordered allocation: the memory exists from the call on (a valid way to be
  * ready "in stream order"); the free happens when the stream reaches it. */
 static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream h, bool per_thread) {

@@ -2,6 +2,7 @@
  * capacity and cuMemGetInfo follow frames and allocations. Capacities are set in main
  * (before cuInit): device 64 MiB, host frames 8 MiB. */
 #include <string.h>
+#include <sys/socket.h>
 
 #include "test_common.h"
 
@@ -275,6 +276,88 @@ static void test_pointer_attributes(void **state) {
   CU_OK(cuMemAddressFree(va, GRAN));
 }
 
+/* An exportable host frame shared with another process: the fd crosses a unix socket
+ * (SCM_RIGHTS), the child imports and maps it, and each side sees the other's writes. The
+ * importer is charged nothing; a frame not created exportable, or another handle type,
+ * is refused. */
+static void send_fd(int sock, int fd) {
+  char byte = 0, ctl[CMSG_SPACE(sizeof(int))] = {0};
+  struct iovec iov = {&byte, 1};
+  struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl};
+  struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  memcpy(CMSG_DATA(c), &fd, sizeof fd);
+  assert_int_equal(sendmsg(sock, &m, 0), 1);
+}
+
+static int recv_fd(int sock) {
+  char byte, ctl[CMSG_SPACE(sizeof(int))];
+  struct iovec iov = {&byte, 1};
+  struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl};
+  if (recvmsg(sock, &m, 0) != 1 || !CMSG_FIRSTHDR(&m)) return -1;
+  int fd;
+  memcpy(&fd, CMSG_DATA(CMSG_FIRSTHDR(&m)), sizeof fd);
+  return fd;
+}
+
+static void import_and_write(void *arg) {
+  int sock = *(int *)arg, fd = recv_fd(sock);
+  CUmemGenericAllocationHandle h;
+  CUdeviceptr va;
+  if (fd < 0 || cuMemImportFromShareableHandle(&h, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+    _exit(2);
+  close(fd); /* the imported handle keeps the memory */
+  size_t charged = fakecuda_used_bytes(-1);
+  CUmemAccessDesc rw = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  if (cuMemAddressReserve(&va, GRAN, 0, 0, 0) || cuMemMap(va, GRAN, 0, h, 0) || cuMemSetAccess(va, GRAN, &rw, 1))
+    _exit(3);
+  char *p = (char *)(uintptr_t)va;
+  if (p[5] != 42 || fakecuda_used_bytes(-1) != charged) _exit(4);
+  p[6] = 43;
+  if (cuMemUnmap(va, GRAN) || cuMemRelease(h)) _exit(5);
+  if (write(sock, "k", 1) != 1) _exit(6);
+}
+
+static void test_export_import(void **state) {
+  (void)state;
+  CUmemAllocationProp plain = frame_prop(CU_MEM_LOCATION_TYPE_HOST_NUMA, 0), shared = plain;
+  shared.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  CUmemGenericAllocationHandle h, p;
+  int fd = -1;
+  CU_OK(cuMemCreate(&p, GRAN, &plain, 0));
+  assert_int_equal(cuMemExportToShareableHandle(&fd, p, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+                   CUDA_ERROR_INVALID_VALUE);
+  CU_OK(cuMemRelease(p));
+  CU_OK(cuMemCreate(&h, GRAN, &shared, 0));
+  assert_int_equal(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_FABRIC, 0), CUDA_ERROR_NOT_SUPPORTED);
+  CU_OK(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  CUdeviceptr va;
+  CU_OK(cuMemAddressReserve(&va, GRAN, 0, 0, 0));
+  CU_OK(cuMemMap(va, GRAN, 0, h, 0));
+  allow_rw(va, GRAN);
+  char *mine = (char *)(uintptr_t)va;
+  mine[5] = 42;
+  int sv[2];
+  assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  send_fd(sv[0], fd);
+  close(fd);
+  int status = run_in_child(import_and_write, &sv[1]);
+  assert_exited_ok(status);
+  char ack;
+  assert_int_equal(read(sv[0], &ack, 1), 1);
+  assert_int_equal(mine[6], 43); /* the child's write, in this process's mapping */
+  close(sv[0]);
+  close(sv[1]);
+  CU_OK(cuMemUnmap(va, GRAN));
+  CU_OK(cuMemRelease(h));
+  CU_OK(cuMemAddressFree(va, GRAN));
+  assert_int_equal(fakecuda_used_bytes(-1), 0);
+  assert_int_equal(cuMemImportFromShareableHandle(&h, (void *)(intptr_t)-1, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+                   CUDA_ERROR_INVALID_VALUE);
+}
+
 int main(void) {
   setenv("FAKECUDA_DEVICE_MEM", "64M", 1);
   setenv("FAKECUDA_HOST_MEM", "8M", 1);
@@ -287,6 +370,7 @@ int main(void) {
       cmocka_unit_test(test_capacity_and_mem_get_info),
       cmocka_unit_test(test_argument_errors),
       cmocka_unit_test(test_pointer_attributes),
+      cmocka_unit_test(test_export_import),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

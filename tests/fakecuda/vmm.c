@@ -8,10 +8,14 @@
  * Data lives in the memfd, so it survives unmap and remap at another address, and a
  * frame can be mapped at two addresses at once (psshim's staging mapping).
  * A frame is freed (and uncharged) when its handle is released and its last mapping
- * is gone, as on CUDA. Everything here is under fc_mem_mu. */
+ * is gone, as on CUDA. A frame created with requestedHandleTypes POSIX_FILE_DESCRIPTOR
+ * exports as a dup of its memfd; importing an fd makes a frame over that memfd, so two
+ * processes map the same pages (charged to the exporter only). Everything here is under fc_mem_mu. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "fakecuda_internal.h"
@@ -27,6 +31,7 @@ struct fc_frame {
   CUmemAllocationProp prop;
   int handle_refs; /* cuMemCreate + cuMemRetainAllocationHandle - cuMemRelease */
   int refs;        /* handle_refs > 0 counts one, plus one per mapping */
+  bool imported;   /* from another process's fd: its memory is charged there */
 };
 struct fc_piece { /* one cuMemMap */
   CUdeviceptr va;
@@ -49,7 +54,7 @@ static struct fc_handles frames = FC_HANDLES_INIT; /* frames whose handle is not
 static void frame_unref(struct fc_frame *f) {
   if (--f->refs > 0) return;
   close(f->fd);
-  fc_uncharge(f->dev, f->size);
+  if (!f->imported) fc_uncharge(f->dev, f->size);
   free(f);
 }
 
@@ -413,4 +418,64 @@ static CUresult props_from_handle(CUmemAllocationProp *prop, CUmemGenericAllocat
 FC_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
                                                           CUmemGenericAllocationHandle handle) {
   FC_TRACED(cuMemGetAllocationPropertiesFromHandle, props_from_handle(prop, handle), prop, handle);
+}
+
+/* ---- sharing between processes (POSIX file descriptors only) ---- */
+static CUresult export_handle(void *shareable, CUmemGenericAllocationHandle h, CUmemAllocationHandleType type,
+                              unsigned long long flags) {
+  CUresult r = fc_check_init();
+  if (r != CUDA_SUCCESS) return r;
+  if (!shareable || flags) return CUDA_ERROR_INVALID_VALUE;
+  if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+  pthread_mutex_lock(&fc_mem_mu);
+  struct fc_frame *f = frame_of(h);
+  if (!f || !(f->prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) {
+    r = CUDA_ERROR_INVALID_VALUE; /* as CUDA: only an allocation created exportable */
+  } else {
+    int fd = fcntl(f->fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) r = CUDA_ERROR_OUT_OF_MEMORY;
+    else *(int *)shareable = fd;
+  }
+  pthread_mutex_unlock(&fc_mem_mu);
+  return r;
+}
+FC_EXPORT CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
+                                                CUmemAllocationHandleType handleType, unsigned long long flags) {
+  FC_TRACED(cuMemExportToShareableHandle, export_handle(shareableHandle, handle, handleType, flags), shareableHandle,
+            handle, handleType, flags);
+}
+
+/* The caller keeps its fd (CUDA's rule): the frame holds a dup of it. */
+static CUresult import_handle(CUmemGenericAllocationHandle *handle, void *os_handle, CUmemAllocationHandleType type) {
+  CUresult r = fc_check_init();
+  if (r != CUDA_SUCCESS) return r;
+  if (!handle) return CUDA_ERROR_INVALID_VALUE;
+  if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+  int given = (int)(intptr_t)os_handle;
+  struct stat st;
+  if (given < 0 || fstat(given, &st) != 0 || st.st_size <= 0 || (size_t)st.st_size % G) return CUDA_ERROR_INVALID_VALUE;
+  struct fc_frame *f = calloc(1, sizeof *f);
+  int fd = fcntl(given, F_DUPFD_CLOEXEC, 0);
+  pthread_mutex_lock(&fc_mem_mu);
+  if (!f || fd < 0 || !fc_handles_add(&frames, f)) {
+    r = CUDA_ERROR_OUT_OF_MEMORY;
+  } else {
+    *f = (struct fc_frame){.fd = fd, .size = (size_t)st.st_size, .dev = FC_HOST, .handle_refs = 1, .refs = 1,
+                           .imported = true,
+                           .prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                    .location = {.type = CU_MEM_LOCATION_TYPE_HOST},
+                                    .requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR}};
+    *handle = (CUmemGenericAllocationHandle)(uintptr_t)f;
+  }
+  pthread_mutex_unlock(&fc_mem_mu);
+  if (r != CUDA_SUCCESS) {
+    if (fd >= 0) close(fd);
+    free(f);
+  }
+  return r;
+}
+FC_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
+                                                  CUmemAllocationHandleType shHandleType) {
+  FC_TRACED(cuMemImportFromShareableHandle, import_handle(handle, osHandle, shHandleType), handle, osHandle,
+            shHandleType);
 }

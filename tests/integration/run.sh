@@ -12,6 +12,25 @@ under_psshim() { # env assignments..., then the program and its arguments
   env LD_PRELOAD="$lib" "$@"
 }
 
+# Two ranks of one node, started as torchrun starts them: case name, then settings for both
+# ranks (later ones win); RANK1_ENV adds settings for rank 1, ARGS replaces the program's
+# arguments (6 8 4), RANK1_ARGS rank 1's. Sets status0, status1; output in $tmp/NAME.RANK.*
+two_ranks() {
+  local port=$((20000 + RANDOM % 30000)) name=$1 r
+  shift
+  for r in 0 1; do
+    local extra=() args=(${ARGS:-6 8 4})
+    [ $r = 1 ] && [ -n "${RANK1_ENV:-}" ] && extra=($RANK1_ENV)
+    [ $r = 1 ] && [ -n "${RANK1_ARGS:-}" ] && args=($RANK1_ARGS)
+    env WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 RANK=$r LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+      PSSHIM_COMM_TIMEOUT_S=20 PSSHIM_GPU_BUDGET=24M PSSHIM_STATS="$tmp/$name.$r.json" "$@" "${extra[@]}" \
+      LD_PRELOAD="$lib" "$prog" "${args[@]}" >"$tmp/$name.$r.out" 2>"$tmp/$name.$r.err" &
+    eval "pid$r=\$!"
+  done
+  wait "$pid0"; status0=$?
+  wait "$pid1"; status1=$?
+}
+
 case $case_name in
 train)
   # 8 layers x 4 MiB (two chunks each) of parameters, state and activations: a 96 MiB peak.
@@ -83,22 +102,6 @@ ranks)
   # Two ranks of one node, started as torchrun starts them, each spilling 72 MiB of host
   # frames (24 MiB GPU budget, 96 MiB peak).
   native=$("$prog" 6 8 4) || fail "native run: $native"
-  two_ranks() { # case name, then settings for both ranks; RANK1_ENV adds settings for rank 1,
-    # ARGS replaces the program's arguments (6 8 4), RANK1_ARGS rank 1's
-    local port=$((20000 + RANDOM % 30000)) name=$1 r
-    shift
-    for r in 0 1; do
-      local extra=() args=(${ARGS:-6 8 4})
-      [ $r = 1 ] && [ -n "${RANK1_ENV:-}" ] && extra=($RANK1_ENV)
-      [ $r = 1 ] && [ -n "${RANK1_ARGS:-}" ] && args=($RANK1_ARGS)
-      env WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 RANK=$r LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-        PSSHIM_COMM_TIMEOUT_S=20 PSSHIM_GPU_BUDGET=24M PSSHIM_STATS="$tmp/$name.$r.json" "$@" "${extra[@]}" \
-        LD_PRELOAD="$lib" "$prog" "${args[@]}" >"$tmp/$name.$r.out" 2>"$tmp/$name.$r.err" &
-      eval "pid$r=\$!"
-    done
-    wait "$pid0"; status0=$?
-    wait "$pid1"; status1=$?
-  }
   two_ranks fits PSSHIM_HOST_BUDGET=160M
   for r in 0 1; do
     [ "$(eval echo \$status$r)" = 0 ] || fail "rank $r: $(cat "$tmp/fits.$r.err")"
@@ -147,6 +150,51 @@ PY
     [ "$(eval echo \$status$r)" = 0 ] || fail "rank $r failed after the allocation mismatch"
   done
   echo "an allocation-sequence mismatch is named on every rank: $(head -1 "$tmp/other_allocs.0.err")"
+  ;;
+shard)
+  # Sharding on random programs (tests/integration/shard_sim.c): replicated buffers never
+  # touched again, replicated ones updated every step, rank-private ones, and a late write
+  # of each rank's own value into a replicated buffer. Every rank's bytes must equal its run
+  # without sharding (WORLD_SIZE unset), the ranks must share the same number of chunks, and
+  # the host frames a rank holds must drop. With DIVERGE=1 rank 1's first replicated buffer
+  # differs in one word: its chunk must stay whole (a shared one would give a rank the
+  # other's bytes: a mismatch), so fewer chunks are shared (these seeds put that word in a
+  # chunk that is shared otherwise).
+  shard=(PSSHIM_CHUNK_SIZE=4M PSSHIM_GPU_BUDGET=8M PSSHIM_HOST_BUDGET=256M PSSHIM_POLICY=auto PSSHIM_RUNAHEAD=4
+         PSSHIM_CUPTI="$FAKE_CUPTI")
+  for seed in 2 4 6; do
+    for diverge in 0 1; do
+      name=s$seed.d$diverge
+      for r in 0 1; do
+        out=$(env RANK=$r DIVERGE=$diverge "${shard[@]}" LD_PRELOAD="$lib" "$prog" $seed 100) || fail "$name alone, rank $r: $out"
+        echo "$out" >"$tmp/$name.alone.$r"
+      done
+      ARGS="$seed 100" two_ranks $name "${shard[@]}" DIVERGE=$diverge
+      for r in 0 1; do
+        [ "$(eval echo \$status$r)" = 0 ] || fail "$name, rank $r: $(cat "$tmp/$name.$r.out" "$tmp/$name.$r.err")"
+        [ ! -s "$tmp/$name.$r.err" ] || fail "$name, rank $r wrote: $(cat "$tmp/$name.$r.err")"
+        [ "$(sed 's/, host.*//' "$tmp/$name.$r.out")" = "$(sed 's/, host.*//' "$tmp/$name.alone.$r")" ] \
+          || fail "$name, rank $r: bytes differ from its run without sharding: $(cat "$tmp/$name.$r.out")"
+      done
+      python3 - "$tmp" "$name" "$seed" "$diverge" <<'PY' || fail "$name: sharding"
+import json, re, sys
+tmp, name, seed, diverge = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
+s = [json.load(open(f"{tmp}/{name}.{r}.json")) for r in (0, 1)]
+host = lambda f: int(re.search(r"host frame bytes (\d+)", open(f).read()).group(1))
+shares = [x["shares"] for x in s]
+print(f"  seed {seed}{' (rank 1 diverges)' if diverge else ''}: chunks shared {shares}, made private again "
+      f"{[x['unshares'] for x in s]}, at most {s[0]['peak_shard_saved_bytes'] >> 20} MiB of host frames saved "
+      f"per rank; host frame bytes {[host(f'{tmp}/{name}.{r}.out') >> 20 for r in (0, 1)]} MiB, alone "
+      f"{[host(f'{tmp}/{name}.alone.{r}') >> 20 for r in (0, 1)]} MiB")
+assert shares[0] == shares[1] > 0, "the ranks did not share the same chunks"
+for r in (0, 1):
+    assert host(f"{tmp}/{name}.{r}.out") < host(f"{tmp}/{name}.alone.{r}"), f"rank {r} held no fewer host frames"
+    assert s[r]["shared_chunks"] == 0 and s[r]["unshares"] == s[r]["shares"], "the final read-back left chunks shared"
+if diverge:
+    assert shares[0] < json.load(open(f"{tmp}/s{seed}.d0.0.json"))["shares"], "the diverging chunk was shared"
+PY
+    done
+  done
   ;;
 nccl)
   under_psshim PSSHIM_TRACE="$tmp/nccl.trace" "$prog" || fail "nccl doors"

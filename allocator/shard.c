@@ -1,0 +1,400 @@
+/* Sharded chunks: a host chunk holding the same bytes on every rank of the node (parameters,
+ * optimizer state, frozen tables that DDP keeps replicated) is kept once per node, in N
+ * pieces of chunk/N bytes: rank r makes piece r, exports it as a file descriptor, the
+ * descriptors travel over comm/'s socket star, and every rank maps all N pieces in order
+ * at the chunk's address. The chunk thus stays mapped on every rank (a kernel psshim did
+ * not foresee still finds its data) while the node holds it once.
+ *
+ * Which chunks: at every iteration boundary the ranks checksum their candidate chunks (host
+ * frames of spans no younger than an iteration, untouched for an iteration) and compare; a
+ * chunk equal on every rank, and unchanged, at two boundaries in a row becomes shared. The ranks evaluate every
+ * chunk id at the same boundary and learn the same answer, so they share the same chunks
+ * in the same order; what is rank-local (placement, pressure, a launch in flight) only makes
+ * a chunk a non-candidate, which every rank then sees as "not equal".
+ *
+ * Writes: a shared chunk is never written in place. Every observed launch, copy or memset
+ * that touches one first makes it this rank's own again (psa_unshare: a copy into a frame
+ * of its own and a remap, as a move), and the pager never moves a shared chunk; work psshim
+ * cannot see stops sharing and unshares every chunk first. Unsharing is local: the other
+ * ranks keep their mappings of the pieces, which stay alive while any rank maps them.
+ *
+ * Not built: page-in of a shared chunk as own piece + all-gather, so only chunks untouched
+ * for an iteration are shared (parameters used every step are not); checksums on the GPU.
+ * Only the first device of a rank shares. */
+#include "allocator/allocator_internal.h"
+#include "comm/comm.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct psa_shard {
+  int rank, n;
+  uint64_t len;                         /* bytes of a piece */
+  CUstream stream;                      /* the copies of checksums, fills and unshares */
+  unsigned char *scratch;               /* pinned, a chunk's size: checksums */
+  CUdeviceptr fill_va;                  /* where this rank's new piece is filled */
+  uint64_t *sums;                       /* per chunk, this boundary */
+  bool *agree;                          /* per chunk: equal on every rank now */
+  uint64_t *agreed_before;              /* per chunk: the checksum all ranks had last time, or 0 */
+  CUmemGenericAllocationHandle *pieces; /* n per chunk while it is shared */
+};
+
+static _Atomic bool stopped; /* the star failed, or unseen work: nothing is shared again */
+
+static void stop_sharing(void)
+{
+  atomic_store(&stopped, true);
+  psc_star_close(); /* the peers' next exchange fails at once instead of waiting */
+}
+
+static CUdeviceptr chunk_va(const struct device *d, uint64_t chunk) { return d->base + chunk * d->chunk_size; }
+
+static CUmemAllocationProp piece_prop(const struct device *d)
+{
+  return (CUmemAllocationProp){
+      .type = CU_MEM_ALLOCATION_TYPE_PINNED,
+      .location = {.type = d->host_numa ? CU_MEM_LOCATION_TYPE_HOST_NUMA : CU_MEM_LOCATION_TYPE_HOST, .id = 0},
+      .requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR};
+}
+
+/* The device's sharing state, made at its first boundary; NULL (said once) when the chunk
+ * size does not split into pieces of the host granularity or memory is short. Every rank
+ * decides alike: chunk size and rank count agree, and the granularity is the driver's. */
+static struct psa_shard *state(struct device *d)
+{
+  if (d->shard)
+    return d->shard;
+  struct psa_shard *st = calloc(1, sizeof *st);
+  CUmemAllocationProp prop = piece_prop(d);
+  size_t gran = 0;
+  int n = psc_nranks();
+  if (!st || PS_CU(ps_driver.cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)))
+    goto fail;
+  if (!gran || d->chunk_size % (gran * (uint64_t)n)) {
+    ps_log(PS_LOG_WARN, "PSSHIM_CHUNK_SIZE=%llu does not split into %d pieces of a multiple of %zu bytes: chunks "
+           "are not shared among the node's ranks", (unsigned long long)d->chunk_size, n, gran);
+    goto fail;
+  }
+  st->rank = psc_rank();
+  st->n = n;
+  st->len = psc_shard_of(d->chunk_size, n, st->rank).len;
+  st->sums = calloc(d->nchunks, sizeof *st->sums);
+  st->agree = calloc(d->nchunks, sizeof *st->agree);
+  st->agreed_before = calloc(d->nchunks, sizeof *st->agreed_before);
+  st->pieces = calloc(d->nchunks * (uint64_t)n, sizeof *st->pieces);
+  if (!st->sums || !st->agree || !st->agreed_before || !st->pieces)
+    goto fail;
+  if (PS_CU(ps_driver.cuStreamCreate(&st->stream, CU_STREAM_NON_BLOCKING)))
+    goto fail;
+  /* Checksums are computed on the CPU from a pinned copy: host frames are not readable by
+   * the CPU through their device mapping, and a checksum kernel would need a module. */
+  if (PS_CU(ps_driver.cuMemAllocHost_v2((void **)&st->scratch, d->chunk_size)))
+    goto fail_stream;
+  if (PS_CU(ps_driver.cuMemAddressReserve(&st->fill_va, st->len, 0, 0, 0)))
+    goto fail_scratch;
+  d->shard = st;
+  return st;
+fail_scratch:
+  PS_CU(ps_driver.cuMemFreeHost(st->scratch));
+fail_stream:
+  PS_CU(ps_driver.cuStreamDestroy_v2(st->stream));
+fail:
+  if (st) {
+    free(st->sums), free(st->agree), free(st->agreed_before), free(st->pieces);
+    free(st);
+  }
+  return NULL;
+}
+
+/* A chunk this rank may offer: in a host frame of its own, in a span allocated into no
+ * later than an iteration ago (the iteration's short-lived tensors change), untouched for
+ * an iteration (a chunk used every iteration would be made private again at once: sharing
+ * it pays only once a page-in can gather it), with nothing in flight on it. The device is
+ * synchronized, so no enqueued work touches it. */
+static bool candidate(struct device *d, uint64_t chunk, uint64_t period)
+{
+  const struct chunk *c = &d->chunks[chunk];
+  return c->frame != PSA_NO_FRAME && c->frame != psa_shared_frame(d) && d->frames[c->frame].where == PSA_HOST &&
+         c->span && !c->span->building && c->span->live_allocs && d->clock - c->span->last_alloc >= period &&
+         d->clock - c->last_use >= period && !c->in_flight && !c->copy;
+}
+
+static uint64_t mix(uint64_t h, uint64_t v)
+{
+  h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+  return h * 0xBF58476D1CE4E5B9ull;
+}
+
+/* Of the chunk's live bytes only (freed bytes differ among ranks and do not matter), with
+ * their offsets; never 0, which means "not a candidate". */
+static uint64_t checksum(struct device *d, struct psa_shard *st, uint64_t chunk)
+{
+  uint64_t lo = (chunk - d->chunks[chunk].span->first_chunk) * d->chunk_size, at = lo, end;
+  for (; psa_live_next(d, chunk, &at, &end); at = end)
+    if (PS_CU(ps_driver.cuMemcpyDtoHAsync_v2(st->scratch + (at - lo), chunk_va(d, chunk) + (at - lo), end - at,
+                                              st->stream)))
+      return 0;
+  if (PS_CU(ps_driver.cuStreamSynchronize(st->stream)))
+    return 0;
+  uint64_t h = 0;
+  for (at = lo; psa_live_next(d, chunk, &at, &end); at = end) {
+    h = mix(h, at - lo);
+    const unsigned char *p = st->scratch + (at - lo);
+    uint64_t n = end - at, i = 0, w;
+    for (; i + 8 <= n; i += 8) {
+      memcpy(&w, p + i, 8);
+      h = mix(h, w);
+    }
+    for (; i < n; i++)
+      h = mix(h, p[i]);
+  }
+  return h ? h : 1;
+}
+
+static void count_shared(struct device *d, int delta)
+{
+  struct psa_stats *s = &d->stats;
+  uint64_t len = d->shard->len, saved = d->chunk_size - len;
+  s->shared_chunks += (uint64_t)(int64_t)delta;
+  s->shared_host_bytes += (uint64_t)(int64_t)delta * len;
+  s->shard_saved_bytes += (uint64_t)(int64_t)delta * saved;
+  if (s->shard_saved_bytes > s->peak_shard_saved_bytes)
+    s->peak_shard_saved_bytes = s->shard_saved_bytes;
+}
+
+static void unmap_pieces(struct device *d, uint64_t chunk, int upto)
+{
+  for (int r = 0; r < upto; r++)
+    PS_CU(ps_driver.cuMemUnmap(chunk_va(d, chunk) + (uint64_t)r * d->shard->len, d->shard->len));
+}
+
+static void release_pieces(struct device *d, uint64_t chunk)
+{
+  CUmemGenericAllocationHandle *h = &d->shard->pieces[chunk * (uint64_t)d->shard->n];
+  for (int r = 0; r < d->shard->n; r++)
+    if (h[r]) {
+      PS_CU(ps_driver.cuMemRelease(h[r]));
+      h[r] = 0;
+    }
+}
+
+/* Maps the chunk's pieces in order at its address, in place of its own frame. */
+static bool map_pieces(struct device *d, uint64_t chunk)
+{
+  struct psa_shard *st = d->shard;
+  CUdeviceptr va = chunk_va(d, chunk);
+  const CUmemGenericAllocationHandle *h = &st->pieces[chunk * (uint64_t)st->n];
+  if (PS_CU(ps_driver.cuMemUnmap(va, d->chunk_size)))
+    return false;
+  int r = 0;
+  while (r < st->n && !PS_CU(ps_driver.cuMemMap(va + (uint64_t)r * st->len, st->len, 0, h[r], 0)))
+    r++;
+  CUmemAccessDesc access = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = d->ordinal},
+                            .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  if (r == st->n && !PS_CU(ps_driver.cuMemSetAccess(va, d->chunk_size, &access, 1)))
+    return true;
+  unmap_pieces(d, chunk, r);
+  if (psa_map(d, va, d->frames[d->chunks[chunk].frame].handle)) /* back onto the frame that holds the data */
+    ps_error("chunk %llu of device %d could not be remapped: its data is unreachable", (unsigned long long)chunk,
+             d->ordinal);
+  return false;
+}
+
+/* This rank's piece of the chunk, filled from its own frame and exported; -1 when it cannot
+ * take part (the others then keep the chunk whole too). */
+static int make_piece(struct device *d, uint64_t chunk, CUmemGenericAllocationHandle *piece)
+{
+  struct psa_shard *st = d->shard;
+  CUmemAllocationProp prop = piece_prop(d);
+  CUmemAccessDesc access = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = d->ordinal},
+                            .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  int fd = -1;
+  *piece = 0;
+  if (!psc_host_reserve(st->len))
+    return -1;
+  if (PS_CU(ps_driver.cuMemCreate(piece, st->len, &prop, 0))) {
+    psc_host_release(st->len);
+    *piece = 0;
+    return -1;
+  }
+  if (!PS_CU(ps_driver.cuMemMap(st->fill_va, st->len, 0, *piece, 0))) {
+    uint64_t off = psc_shard_of(d->chunk_size, st->n, st->rank).offset;
+    bool filled = !PS_CU(ps_driver.cuMemSetAccess(st->fill_va, st->len, &access, 1)) &&
+                  !PS_CU(ps_driver.cuMemcpyAsync(st->fill_va, chunk_va(d, chunk) + off, st->len, st->stream)) &&
+                  !PS_CU(ps_driver.cuStreamSynchronize(st->stream));
+    PS_CU(ps_driver.cuMemUnmap(st->fill_va, st->len));
+    if (filled)
+      PS_CU(ps_driver.cuMemExportToShareableHandle(&fd, *piece, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  }
+  if (fd < 0) {
+    PS_CU(ps_driver.cuMemRelease(*piece));
+    psc_host_release(st->len);
+    *piece = 0;
+  }
+  return fd;
+}
+
+/* Collective: every rank calls it for the same chunk. After the exchange each rank goes on
+ * alone; one that cannot map the pieces keeps its own frame, which holds the same bytes. */
+static void share(struct device *d, uint64_t chunk)
+{
+  struct psa_shard *st = d->shard;
+  CUmemGenericAllocationHandle *h = &st->pieces[chunk * (uint64_t)st->n], mine;
+  int fd = make_piece(d, chunk, &mine), fds[PSC_MAX_RANKS];
+  bool exchanged = psc_share_fds(fd, fds), whole = exchanged;
+  if (fd >= 0)
+    close(fd);
+  for (int r = 0; r < st->n; r++) {
+    if (r == st->rank)
+      h[r] = mine;
+    else if (whole && fds[r] >= 0 &&
+             !PS_CU(ps_driver.cuMemImportFromShareableHandle(&h[r], (void *)(intptr_t)fds[r],
+                                                             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)))
+      continue;
+    whole = whole && fds[r] >= 0 && h[r];
+  }
+  for (int r = 0; r < st->n; r++)
+    if (fds[r] >= 0)
+      close(fds[r]);
+  uint32_t own = d->chunks[chunk].frame;
+  if (whole && map_pieces(d, chunk)) {
+    d->chunks[chunk].frame = psa_shared_frame(d);
+    psa_frame_destroy(d, own);
+    d->stats.shares++;
+    count_shared(d, +1);
+    return;
+  }
+  release_pieces(d, chunk);
+  if (mine)
+    psc_host_release(st->len);
+  if (!exchanged)
+    stop_sharing();
+}
+
+/* The first ready device: a rank drives one GPU under torchrun, and every rank must pick
+ * the same chunk space. */
+static struct device *first_device(void)
+{
+  for (int i = 0; i < PSA_MAX_DEVICES; i++)
+    if (psa_devices[i].ready)
+      return &psa_devices[i];
+  return NULL;
+}
+
+void psa_shard_boundary(void)
+{
+  if (psc_nranks() < 2 || !atomic_load(&psa_allocs_agree) || ps_options.policy != PS_POLICY_AUTO ||
+      atomic_load(&stopped))
+    return;
+  struct device *d = first_device();
+  uint64_t period = pst_session_period();
+  if (!d || !period)
+    return;
+  pthread_mutex_lock(&d->lock);
+  struct psa_shard *st = state(d);
+  if (!st) {
+    stop_sharing();
+    pthread_mutex_unlock(&d->lock);
+    return;
+  }
+  /* Nothing enqueued may touch a chunk while it is checksummed and shared, and no new
+   * launch can bracket one while this thread holds the lock. */
+  bool synced = !PS_CU(ps_driver.cuCtxSynchronize());
+  psa_moves_poll(d);
+  uint64_t offered = 0, equal = 0, shares = d->stats.shares;
+  for (uint64_t i = 0; i < d->nchunks; i++) {
+    st->sums[i] = synced && candidate(d, i, period) ? checksum(d, st, i) : 0;
+    offered += st->sums[i] != 0;
+  }
+  if (!psc_agree_checksums(st->sums, d->nchunks, st->agree)) {
+    stop_sharing();
+    pthread_mutex_unlock(&d->lock);
+    return;
+  }
+  /* Equal on every rank, and unchanged since the last boundary: every rank holds the same
+   * agreed sums, so every rank shares the same chunks in the same order. */
+  for (uint64_t i = 0; i < d->nchunks && !atomic_load(&stopped); i++) {
+    if (st->agree[i] && st->agreed_before[i] == st->sums[i])
+      share(d, i);
+    st->agreed_before[i] = st->agree[i] && d->chunks[i].frame != psa_shared_frame(d) ? st->sums[i] : 0;
+    equal += st->agree[i];
+  }
+  ps_log(PS_LOG_DEBUG, "sharding: %llu chunks offered, %llu equal on every rank, %llu shared now (%llu in all)",
+         (unsigned long long)offered, (unsigned long long)equal, (unsigned long long)(d->stats.shares - shares),
+         (unsigned long long)d->stats.shared_chunks);
+  pthread_mutex_unlock(&d->lock);
+}
+
+void psa_shard_drop(struct device *d, uint64_t chunk)
+{
+  unmap_pieces(d, chunk, d->shard->n);
+  release_pieces(d, chunk);
+  psc_host_release(d->shard->len);
+  count_shared(d, -1);
+}
+
+/* A frame for a chunk that must become private: host first (it was a host chunk), else the
+ * GPU, else one more host frame than the budget allows, since the alternative is a write
+ * that reaches the other ranks' data. */
+static uint32_t private_frame(struct device *d)
+{
+  uint32_t f = psa_frame_take(d, PSA_HOST);
+  if (f == PSA_NO_FRAME)
+    f = psa_frame_take(d, PSA_GPU);
+  if (f == PSA_NO_FRAME) {
+    d->host_frame_limit++;
+    f = psa_frame_take(d, PSA_HOST);
+    if (f != PSA_NO_FRAME)
+      ps_log(PS_LOG_WARN, "a shared chunk became private beyond the host budget (now %llu frames)",
+             (unsigned long long)d->host_frame_limit);
+  }
+  return f;
+}
+
+void psa_unshare(struct device *d, uint64_t chunk)
+{
+  struct psa_shard *st = d->shard;
+  uint32_t f = private_frame(d);
+  if (d->chunks[chunk].frame != psa_shared_frame(d)) { /* taking a frame may drop the lock */
+    if (f != PSA_NO_FRAME)
+      psa_frame_give(d, f);
+    return;
+  }
+  CUdeviceptr va = chunk_va(d, chunk);
+  if (f == PSA_NO_FRAME || PS_CU(ps_driver.cuMemcpyAsync(d->frames[f].staging, va, d->chunk_size, st->stream)) ||
+      PS_CU(ps_driver.cuStreamSynchronize(st->stream))) {
+    ps_error("chunk %llu of device %d is shared with the node's other ranks and cannot be made this rank's own: "
+             "stopping, rather than let this rank's writes reach their data", (unsigned long long)chunk, d->ordinal);
+    _exit(1);
+  }
+  unmap_pieces(d, chunk, st->n);
+  if (psa_map(d, va, d->frames[f].handle)) {
+    ps_error("chunk %llu of device %d could not be remapped: its data is unreachable", (unsigned long long)chunk,
+             d->ordinal);
+    _exit(1);
+  }
+  release_pieces(d, chunk);
+  psc_host_release(st->len);
+  d->chunks[chunk].frame = f;
+  psa_span_relist(d, d->chunks[chunk].span);
+  d->stats.unshares++;
+  count_shared(d, -1);
+}
+
+void psa_shard_stop(void)
+{
+  if (atomic_exchange(&stopped, true))
+    return;
+  struct device *d = first_device();
+  if (!d) {
+    psc_star_close();
+    return;
+  }
+  pthread_mutex_lock(&d->lock); /* the star is used under it */
+  psc_star_close();
+  for (uint64_t i = 0; d->shard && i < d->nchunks; i++)
+    if (d->chunks[i].frame == psa_shared_frame(d))
+      psa_unshare(d, i);
+  pthread_mutex_unlock(&d->lock);
+}

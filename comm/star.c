@@ -1,0 +1,255 @@
+/* The node's socket star, for sharding: rank 0 listens on an abstract unix socket named
+ * from the node segment's name and relays; every other rank holds one connection to it.
+ * File descriptors of exported frames can only travel over a unix socket (SCM_RIGHTS), and
+ * the chunk checksums ride along, so sharding needs neither NCCL nor device buffers.
+ * A star cannot deadlock on full socket buffers: rank 0 reads every rank's message before
+ * it writes any answer. Every wait is bounded by PSSHIM_COMM_TIMEOUT_S; a dead peer's
+ * socket closes, which ends a wait at once. After a failure the star is closed for good,
+ * so the peers' next exchange fails at once too. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "comm/node.h"
+
+#define NO_SOCKET (-1)
+
+static int me(void) { return psc_state.ranks.local_rank; }
+static int nranks(void) { return psc_state.node->nranks; }
+
+static void star_fail(const char *during, int peer) {
+  if (!psc_state.star_down)
+    psc_errorf("the ranks' socket star failed during %s (rank %d: %s): chunks are no longer shared "
+               "from now on", during, peer, errno ? strerror(errno) : "closed");
+  psc_star_close();
+}
+
+static bool address(struct sockaddr_un *a, socklen_t *len) {
+  memset(a, 0, sizeof *a);
+  a->sun_family = AF_UNIX;
+  /* Abstract (leading NUL): nothing on disk to remove when a rank dies. */
+  int n = snprintf(a->sun_path + 1, sizeof a->sun_path - 1, "%s-star", psc_state.shm_name);
+  *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+  return n > 0 && (size_t)n < sizeof a->sun_path - 1;
+}
+
+/* Waits for fd to be ready for `events` until the deadline. */
+static bool ready(int fd, short events, double until) {
+  for (;;) {
+    double left = until - psg_now();
+    if (left <= 0) {
+      errno = ETIMEDOUT;
+      return false;
+    }
+    struct pollfd p = {.fd = fd, .events = events};
+    int r = poll(&p, 1, (int)(left * 1000) + 1);
+    if (r > 0) return true;
+    if (r < 0 && errno != EINTR) return false;
+  }
+}
+
+static double deadline(void) { return psg_now() + psc_state.ranks.timeout_s; }
+
+/* Sends or receives all len bytes; the first piece may carry descriptors (fds/nfds:
+ * out for a send; in for a receive, *nfds = room, then how many came). */
+static bool transfer(int fd, void *buf, size_t len, bool send, int *fds, int *nfds) {
+  double until = deadline();
+  char ctl[CMSG_SPACE(sizeof(int) * PSG_MAX_MEMBERS)];
+  size_t done = 0;
+  while (done < len) {
+    if (!ready(fd, send ? POLLOUT : POLLIN, until)) return false;
+    struct iovec iov = {(char *)buf + done, len - done};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+    bool first = done == 0 && nfds && (send ? *nfds > 0 : true);
+    if (first) {
+      memset(ctl, 0, sizeof ctl);
+      m.msg_control = ctl;
+      m.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)(send ? *nfds : PSG_MAX_MEMBERS));
+      if (send) {
+        struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)*nfds);
+        memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)*nfds);
+      }
+    }
+    ssize_t n = send ? sendmsg(fd, &m, MSG_NOSIGNAL) : recvmsg(fd, &m, MSG_CMSG_CLOEXEC);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n <= 0) {
+      if (n == 0) errno = 0; /* the peer closed: it died or gave up */
+      return false;
+    }
+    if (first && !send) {
+      int got = 0;
+      for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+          int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+          memcpy(fds + got, CMSG_DATA(c), sizeof(int) * (size_t)k);
+          got += k;
+        }
+      *nfds = got;
+    }
+    done += (size_t)n;
+  }
+  return true;
+}
+
+static bool put(int fd, const void *buf, size_t len) { return transfer(fd, (void *)buf, len, true, NULL, NULL); }
+static bool get(int fd, void *buf, size_t len) { return transfer(fd, buf, len, false, NULL, NULL); }
+
+static bool accept_peers(int listener) {
+  double until = deadline();
+  for (int k = 1; k < nranks(); k++) {
+    int32_t rank = -1;
+    int c = ready(listener, POLLIN, until) ? accept4(listener, NULL, NULL, SOCK_CLOEXEC) : -1;
+    if (c < 0 || !get(c, &rank, sizeof rank) || rank < 1 || rank >= nranks() ||
+        psc_state.star[rank] != NO_SOCKET) {
+      if (c >= 0) close(c);
+      return false;
+    }
+    psc_state.star[rank] = c;
+  }
+  return true;
+}
+
+/* Rank 0 may not be listening yet: retried until the timeout. */
+static bool connect_hub(const struct sockaddr_un *a, socklen_t len) {
+  double until = deadline();
+  unsigned round = 0;
+  for (;;) {
+    int c = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (c < 0) return false;
+    if (connect(c, (const struct sockaddr *)a, len) == 0) {
+      int32_t rank = me();
+      psc_state.star[0] = c;
+      return put(c, &rank, sizeof rank);
+    }
+    close(c);
+    if (psg_now() >= until) {
+      errno = ETIMEDOUT;
+      return false;
+    }
+    psg_backoff(&round);
+  }
+}
+
+static bool star_up(void) {
+  if (psc_state.star_up) return true;
+  if (psc_state.star_down || !psc_state.node) return false;
+  for (int i = 0; i < PSG_MAX_MEMBERS; i++) psc_state.star[i] = NO_SOCKET;
+  psc_state.star_up = true; /* so that psc_star_close closes what was opened */
+  struct sockaddr_un a;
+  socklen_t len;
+  bool ok = address(&a, &len);
+  if (ok && me() == 0) {
+    int l = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ok = l >= 0 && bind(l, (struct sockaddr *)&a, len) == 0 && listen(l, PSG_MAX_MEMBERS) == 0 && accept_peers(l);
+    if (l >= 0) close(l);
+  } else if (ok) {
+    ok = connect_hub(&a, len);
+  }
+  if (!ok) star_fail("its set-up", me() == 0 ? -1 : 0);
+  return ok;
+}
+
+void psc_star_close(void) {
+  if (psc_state.star_up)
+    for (int i = 0; i < PSG_MAX_MEMBERS; i++)
+      if (psc_state.star[i] != NO_SOCKET) {
+        close(psc_state.star[i]);
+        psc_state.star[i] = NO_SOCKET;
+      }
+  psc_state.star_up = false;
+  psc_state.star_down = true;
+}
+
+bool psc_agree_checksums(const uint64_t *sums, size_t count, bool *agree) {
+  if (!star_up()) return false;
+  uint64_t n = count;
+  if (me() != 0) {
+    if (!put(psc_state.star[0], &n, sizeof n) || !put(psc_state.star[0], sums, count * sizeof *sums) ||
+        !get(psc_state.star[0], agree, count * sizeof *agree)) {
+      star_fail("the checksum exchange", 0);
+      return false;
+    }
+    return true;
+  }
+  for (size_t i = 0; i < count; i++) agree[i] = sums[i] != 0;
+  uint64_t *theirs = malloc(count * sizeof *theirs + 1);
+  bool ok = theirs != NULL;
+  for (int k = 1; ok && k < nranks(); k++) {
+    uint64_t m = 0;
+    bool counted = get(psc_state.star[k], &m, sizeof m);
+    ok = counted && m == count && get(psc_state.star[k], theirs, count * sizeof *theirs);
+    if (!ok) {
+      if (counted && m != count) errno = EPROTO;
+      star_fail(counted && m != count ? "the checksum exchange (another count of chunks)" : "the checksum exchange", k);
+      break;
+    }
+    for (size_t i = 0; i < count; i++) agree[i] = agree[i] && theirs[i] == sums[i];
+  }
+  free(theirs);
+  for (int k = 1; ok && k < nranks(); k++)
+    if (!put(psc_state.star[k], agree, count * sizeof *agree)) {
+      star_fail("the checksum exchange", k);
+      ok = false;
+    }
+  return ok;
+}
+
+/* One message: a flag per rank (whose fd follows), the fds in rank order. */
+static bool relay_fds(int sock, int fds[], bool send) {
+  unsigned char has[PSG_MAX_MEMBERS];
+  int packed[PSG_MAX_MEMBERS], n = 0;
+  if (send) {
+    for (int r = 0; r < nranks(); r++)
+      if ((has[r] = fds[r] >= 0)) packed[n++] = fds[r];
+    return transfer(sock, has, (size_t)nranks(), true, packed, &n);
+  }
+  for (int r = 0; r < PSG_MAX_MEMBERS; r++) fds[r] = NO_SOCKET;
+  n = PSG_MAX_MEMBERS;
+  if (!transfer(sock, has, (size_t)nranks(), false, packed, &n)) return false;
+  int k = 0;
+  for (int r = 0; r < nranks(); r++) fds[r] = has[r] && k < n ? packed[k++] : NO_SOCKET;
+  bool whole = k == n;
+  for (; k < n; k++) close(packed[k]);
+  return whole;
+}
+
+bool psc_share_fds(int mine, int fds[]) {
+  for (int r = 0; r < PSG_MAX_MEMBERS; r++) fds[r] = NO_SOCKET;
+  if (!star_up()) return false;
+  bool ok = true;
+  int peer = 0;
+  if (me() != 0) {
+    int one[PSG_MAX_MEMBERS];
+    for (int r = 0; r < nranks(); r++) one[r] = r == me() ? mine : NO_SOCKET;
+    ok = relay_fds(psc_state.star[0], one, true) && relay_fds(psc_state.star[0], fds, false);
+  } else {
+    fds[0] = mine >= 0 ? fcntl(mine, F_DUPFD_CLOEXEC, 0) : NO_SOCKET;
+    for (int k = 1; ok && k < nranks(); k++) {
+      int one[PSG_MAX_MEMBERS];
+      ok = relay_fds(psc_state.star[k], one, false);
+      peer = k;
+      for (int r = 0; ok && r < nranks(); r++)
+        if (r == k) fds[k] = one[r];
+        else if (one[r] >= 0) close(one[r]);
+    }
+    for (int k = 1; ok && k < nranks(); k++) {
+      ok = relay_fds(psc_state.star[k], fds, true);
+      peer = k;
+    }
+  }
+  if (ok) return true;
+  star_fail("the exchange of shared frames", peer);
+  for (int r = 0; r < PSG_MAX_MEMBERS; r++)
+    if (fds[r] >= 0) close(fds[r]);
+  for (int r = 0; r < PSG_MAX_MEMBERS; r++) fds[r] = NO_SOCKET;
+  return false;
+}

@@ -1,0 +1,154 @@
+/* A random program for sharding, run as each rank of a node: buffers of random sizes
+ * (from the seed, the same on every rank) of three kinds: replicated and never touched
+ * again (the same bytes on every rank), replicated and updated by a kernel every step, and
+ * rank-private (bytes that depend on RANK). Each step allocates an activation, fills it
+ * and updates the hot buffers from it. Near the end a kernel writes a rank-dependent value
+ * into one replicated buffer, so a rank whose chunk is shared must make it its own first.
+ * DIVERGE=1 makes rank 1's first replicated buffer differ in one word from the start.
+ * Every buffer is read back and compared with a host mirror at the end.
+ * Prints: checksum, mismatches, and the host frame bytes the driver held after the steps.
+ * Usage: shard_sim seed steps */
+#include "tests/fakecuda/fakecuda.h"
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+enum kind { COLD, HOT, PRIVATE };
+struct buffer {
+  enum kind kind;
+  uint64_t words;
+  uint32_t *dev, *mirror;
+};
+
+static uint64_t rng;
+static uint64_t next(void)
+{
+  rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+  return rng;
+}
+
+static uint32_t word_of(uint64_t seed, int b, uint64_t i, int rank)
+{
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + (uint64_t)b * 0xBF58476D1CE4E5B9ull + i * 0x94D049BB133111EBull +
+               (uint64_t)rank;
+  return (uint32_t)(x ^ (x >> 29));
+}
+
+/* act[i] = i * 7 + step */
+static void fill_fn(void **args, void *user)
+{
+  (void)user;
+  uint32_t *act = *(uint32_t **)args[0];
+  uint64_t n = *(uint64_t *)args[1], step = *(uint64_t *)args[2];
+  for (uint64_t i = 0; i < n; i++)
+    act[i] = (uint32_t)(i * 7 + step);
+}
+
+/* buf[i] = buf[i] * 3 + act[i % act_n] */
+static void update_fn(void **args, void *user)
+{
+  (void)user;
+  uint32_t *buf = *(uint32_t **)args[0];
+  const uint32_t *act = *(uint32_t **)args[1];
+  uint64_t n = *(uint64_t *)args[2], act_n = *(uint64_t *)args[3];
+  for (uint64_t i = 0; i < n; i++)
+    buf[i] = buf[i] * 3u + act[i % act_n];
+}
+
+/* buf[0] = value */
+static void poke_fn(void **args, void *user)
+{
+  (void)user;
+  **(uint32_t **)args[0] = *(uint32_t *)args[1];
+}
+
+static void check(cudaError_t e, const char *what)
+{
+  if (e != cudaSuccess) {
+    fprintf(stderr, "shard_sim: %s failed: %s\n", what, cudaGetErrorString(e));
+    exit(2);
+  }
+}
+
+static void launch(CUfunction f, void **params, cudaStream_t s)
+{
+  if (cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, (CUstream)s, params, NULL) != CUDA_SUCCESS) {
+    fprintf(stderr, "shard_sim: launch failed\n");
+    exit(2);
+  }
+}
+
+int main(int argc, char **argv)
+{
+  uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 10) : 1;
+  int steps = argc > 2 ? atoi(argv[2]) : 100;
+  int rank = getenv("RANK") ? atoi(getenv("RANK")) : 0;
+  int diverge = getenv("DIVERGE") && atoi(getenv("DIVERGE")) && rank == 1;
+  rng = seed * 2654435761u + 1;
+  size_t fill_sizes[] = {8, 8, 8}, update_sizes[] = {8, 8, 8, 8}, poke_sizes[] = {8, 4};
+  CUfunction fill = fakecuda_register_kernel("fill", fill_fn, NULL, 3, fill_sizes);
+  CUfunction update = fakecuda_register_kernel("update", update_fn, NULL, 4, update_sizes);
+  CUfunction poke = fakecuda_register_kernel("poke", poke_fn, NULL, 2, poke_sizes);
+  cudaStream_t s;
+  check(cudaStreamCreate(&s), "cudaStreamCreate");
+
+  int nbuf = 10 + (int)(next() % 6), poked = -1;
+  struct buffer *buf = calloc((size_t)nbuf, sizeof *buf);
+  for (int b = 0; b < nbuf; b++) {
+    uint64_t r = next() % 10;
+    buf[b].kind = r < 5 ? COLD : r < 7 ? HOT : PRIVATE;
+    buf[b].words = (16 + next() % (6u << 18)) & ~(uint64_t)1023; /* 4 KiB to 6 MiB */
+    buf[b].mirror = malloc(buf[b].words * 4);
+    for (uint64_t i = 0; i < buf[b].words; i++)
+      buf[b].mirror[i] = word_of(seed, b, i, buf[b].kind == PRIVATE ? rank + 1 : 0);
+    if (buf[b].kind == COLD && poked < 0) {
+      poked = b;
+      buf[b].mirror[1] += (uint32_t)diverge;
+    }
+    check(cudaMalloc((void **)&buf[b].dev, buf[b].words * 4), "cudaMalloc");
+    check(cudaMemcpy(buf[b].dev, buf[b].mirror, buf[b].words * 4, cudaMemcpyHostToDevice), "cudaMemcpy");
+  }
+  uint64_t act_n = 1 << 18;
+  for (int step = 0; step < steps; step++) {
+    uint32_t *act;
+    uint64_t st = (uint64_t)step;
+    check(cudaMallocAsync((void **)&act, act_n * 4, s), "cudaMallocAsync");
+    void *fp[] = {&act, &act_n, &st};
+    launch(fill, fp, s);
+    for (int b = 0; b < nbuf; b++) {
+      if (buf[b].kind != HOT)
+        continue;
+      void *up[] = {&buf[b].dev, &act, &buf[b].words, &act_n};
+      launch(update, up, s);
+      for (uint64_t i = 0; i < buf[b].words; i++)
+        buf[b].mirror[i] = buf[b].mirror[i] * 3u + (uint32_t)((i % act_n) * 7 + st);
+    }
+    if (step == steps - 3 && poked >= 0) { /* every rank writes its own value */
+      uint32_t value = 1000u + (uint32_t)rank;
+      void *pp[] = {&buf[poked].dev, &value};
+      launch(poke, pp, s);
+      buf[poked].mirror[0] = value;
+    }
+    check(cudaFreeAsync(act, s), "cudaFreeAsync");
+    check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+  }
+  size_t host_bytes = fakecuda_used_bytes(-1);
+  uint64_t bad = 0, sum = 0;
+  for (int b = 0; b < nbuf; b++) {
+    uint32_t *back = malloc(buf[b].words * 4);
+    check(cudaMemcpy(back, buf[b].dev, buf[b].words * 4, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    for (uint64_t i = 0; i < buf[b].words; i++) {
+      bad += back[i] != buf[b].mirror[i];
+      sum = sum * 31 + back[i];
+    }
+    free(back);
+    check(cudaFree(buf[b].dev), "cudaFree");
+    free(buf[b].mirror);
+  }
+  printf("shard_sim: seed %llu, %d buffers: checksum %llx, mismatches %llu, host frame bytes %zu\n",
+         (unsigned long long)seed, nbuf, (unsigned long long)sum, (unsigned long long)bad, host_bytes);
+  free(buf);
+  return bad ? 1 : 0;
+}
