@@ -8,9 +8,9 @@
  * Every buffer is read back and compared with a host mirror at the end.
  * Prints: checksum, mismatches, and the host frame bytes the driver held after the steps.
  * Usage: shard_sim seed steps */
-#include "tests/fakecuda/fakecuda.h"
+#define SIM_NAME "shard_sim"
+#include "tests/integration/sim.h"
 
-#include <cuda_runtime_api.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,22 +62,6 @@ static void poke_fn(void **args, void *user)
 {
   (void)user;
   **(uint32_t **)args[0] = *(uint32_t *)args[1];
-}
-
-static void check(cudaError_t e, const char *what)
-{
-  if (e != cudaSuccess) {
-    fprintf(stderr, "shard_sim: %s failed: %s\n", what, cudaGetErrorString(e));
-    exit(2);
-  }
-}
-
-static void launch(CUfunction f, void **params, cudaStream_t s)
-{
-  if (cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, (CUstream)s, params, NULL) != CUDA_SUCCESS) {
-    fprintf(stderr, "shard_sim: launch failed\n");
-    exit(2);
-  }
 }
 
 int main(int argc, char **argv)

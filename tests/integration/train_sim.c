@@ -6,9 +6,9 @@
  * LD_PRELOAD=libpsshim.so with a GPU budget below its peak, it must finish with the same
  * checksums as without psshim. Prints one summary line; exits non-zero on a mismatch.
  * Usage: train_sim [steps] [layers] [MiB per layer] */
-#include "tests/fakecuda/fakecuda.h"
+#define SIM_NAME "train_sim"
+#include "tests/integration/sim.h"
 
-#include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -37,22 +37,6 @@ static void update_fn(void **args, void *user)
   for (uint64_t i = 0; i < n; i++) {
     param[i] += act[i] & 0xffu;
     state[i] ^= param[i];
-  }
-}
-
-static void check(cudaError_t e, const char *what)
-{
-  if (e != cudaSuccess) {
-    fprintf(stderr, "train_sim: %s failed: %s\n", what, cudaGetErrorString(e));
-    exit(2);
-  }
-}
-
-static void launch(CUfunction f, void **params, cudaStream_t s)
-{
-  if (cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, (CUstream)s, params, NULL) != CUDA_SUCCESS) {
-    fprintf(stderr, "train_sim: launch failed\n");
-    exit(2);
   }
 }
 
