@@ -98,6 +98,25 @@ iterations)
   [ "$per_it" = 24 ] || fail "$per_it launches per iteration, expected 24"
   [ "$iterations" -ge 280 ] || fail "only $iterations iterations of 300 found"
   ;;
+replay)
+  # A real torch run's trace (bench/results/gpt_small.trace: a small GPT, 30 steps, bf16
+  # autocast, fused AdamW) replayed under auto at a budget 2/3 of its peak: its kernels
+  # read a byte at every pointer they were given, so a touch of an unmapped chunk faults.
+  trace="$(dirname "$0")/../../bench/results/gpt_small.trace"
+  out=$(FAKECUDA_DEVICE_MEM=4G FAKECUDA_HOST_MEM=8G under_psshim PSSHIM_CUPTI="$FAKE_CUPTI" PSSHIM_POLICY=auto \
+    PSSHIM_GPU_BUDGET=1000M PSSHIM_STATS="$tmp/s.json" "$prog" "$trace") || fail "replay: $out"
+  echo "$out"
+  python3 - "$tmp/s.json" <<'PY' || fail "replay: stats"
+import json, sys
+s = json.load(open(sys.argv[1]))
+print(f"  period {s['period']}, moves to GPU {s['migrations_to_gpu']}, to host {s['migrations_to_host']}, "
+      f"host touches {s['touches_host']} of {s['touches_gpu'] + s['touches_host']}, peak live {s['peak_live_bytes'] >> 20} MiB")
+assert s["period"] == 433, "the trace's 433-launch iteration was not found"
+assert s["migrations_to_gpu"] > 0 and s["migrations_to_host"] > 0, "the pager did not move chunks both ways"
+assert s["peak_live_bytes"] > s["gpu_budget"], "the budget does not make it page"
+assert s["peak_gpu_bytes"] <= s["gpu_budget"], "GPU budget exceeded"
+PY
+  ;;
 ranks)
   # Two ranks of one node, started as torchrun starts them, each spilling 72 MiB of host
   # frames (24 MiB GPU budget, 96 MiB peak).

@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-static void check(cudaError_t e, const char *what)
+static inline void check(cudaError_t e, const char *what)
 {
   if (e != cudaSuccess) {
     fprintf(stderr, SIM_NAME ": %s failed: %s\n", what, cudaGetErrorString(e));
@@ -17,7 +17,7 @@ static void check(cudaError_t e, const char *what)
   }
 }
 
-static void launch(CUfunction f, void **params, cudaStream_t s)
+static inline void launch(CUfunction f, void **params, cudaStream_t s)
 {
   if (cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, (CUstream)s, params, NULL) != CUDA_SUCCESS) {
     fprintf(stderr, SIM_NAME ": launch failed\n");
