@@ -24,8 +24,8 @@ ninja -C build-tsan >/dev/null
 TSAN_OPTIONS=halt_on_error=1 meson test -C build-tsan --no-rebuild --print-errorlogs allocator
 # Not the tests that kill or time processes on purpose (valgrind is 50x slower), nor the
 # ones that run whole programs under LD_PRELOAD (those run sanitized above), nor the ten
-# random training loops (valgrind runs one thread at a time: minutes each; one loop still
-# runs, in the unseen-copy test).
+# training loops (the ten random ones and the GPT-like one: valgrind runs one thread at a
+# time, minutes each; one random loop still runs, in the unseen-copy test).
 TEST_SKIP='*training_loop*' meson test -C build --no-rebuild --print-errorlogs --num-processes "$jobs" \
   --wrapper "valgrind -q --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite --suppressions=$PWD/tests/valgrind.supp" \
   options policy 'policy sim' 'policy period' trace_roundtrip trace_damage report observe 'driver table' allocator

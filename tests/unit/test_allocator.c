@@ -603,7 +603,7 @@ static void steady(void *arg)
   exit(late > 99 ? 99 : (int)late);
 }
 
-static void test_steady_state_does_not_churn(void **state)
+static void test_training_loop_settles_without_moves(void **state)
 {
   (void)state;
   int late = in_child(steady, NULL);
@@ -863,7 +863,7 @@ int main(void)
       cmocka_unit_test(test_unseen_copy_stops_paging),
       cmocka_unit_test(test_capture_stops_paging_quietly),
       cmocka_unit_test(test_short_lived_land_on_gpu),
-      cmocka_unit_test(test_steady_state_does_not_churn),
+      cmocka_unit_test(test_training_loop_settles_without_moves),
   };
   if (getenv("TEST_FILTER")) /* e.g. TEST_FILTER=*pager* to run one test under a debugger */
     cmocka_set_test_filter(getenv("TEST_FILTER"));
