@@ -118,52 +118,6 @@ void psp_phase_note(psp_phase_max *m, uint64_t now, uint64_t period, uint64_t va
  * nothing was noted. */
 uint64_t psp_phase_ahead(const psp_phase_max *m, uint64_t now, uint64_t window);
 
-/* ---- prefetch plan ---- */
-
-typedef struct psp_plan_req {
-  uint64_t now;      /* the moment about to run */
-  uint32_t window;   /* moments to look ahead, counting now; at most one period is used */
-  uint64_t budget;   /* GPU bytes for chunks and non-model memory together */
-  uint64_t margin;   /* non-model bytes to keep free: psp_schedule_margin(now, window) */
-  const psp_cand *resident;  /* chunks holding GPU frames now */
-  size_t n_resident;
-  const bool *in_place;  /* optional, by chunk id (psp_schedule_chunks entries): never fetch */
-} psp_plan_req;
-
-typedef enum psp_op_kind { PSP_OP_EVICT, PSP_OP_FETCH } psp_op_kind;
-
-typedef struct psp_op {
-  psp_op_kind kind;
-  uint32_t chunk;
-  uint64_t next_use;  /* fetch: the moment that needs it; evict: its next use or PSP_NEVER */
-} psp_op;
-
-/* Fills ops[0 .. *n_ops) in the order to carry them out. First evictions that bring the
- * resident bytes within budget - margin (never a chunk used at now); then, moment by moment
- * through the window, for each chunk to be used that is not resident: the evictions that
- * make room for it followed by its fetch. Fetches come in order of next use; a chunk is
- * only evicted for a fetch if its next use is later than the fetched chunk's; resident
- * bytes never exceed budget - margin after the first fetch. The plan stops at the first
- * chunk it cannot make room for that way, or when ops (cap entries) is full. Chunks larger
- * than budget - margin are skipped (they run in place). */
-int psp_plan(const psp_schedule *s, const psp_plan_req *req, psp_op *ops, size_t cap,
-             size_t *n_ops);
-
-/* ---- page in, or read in place from host memory ---- */
-
-typedef struct psp_cost {  /* bandwidths in bytes per second */
-  double h2d;        /* pinned host -> device copy, e.g. 55e9 */
-  double d2h;        /* device -> host copy (write-back), e.g. 55e9 */
-  double zero_copy;  /* a kernel reading host memory in place, e.g. 51e9 */
-  double hbm;        /* a kernel reading device memory, e.g. 4000e9 */
-} psp_cost;
-
-typedef enum psp_place { PSP_PAGE_IN, PSP_IN_PLACE } psp_place;
-
-/* The cheaper way to serve a chunk of `bytes` that `uses` moments per iteration touch,
- * `written` by at least one of them. */
-psp_place psp_choose_place(const psp_cost *cost, uint64_t bytes, uint32_t uses, bool written);
-
 /* ---- offline replay ---- */
 
 typedef enum psp_policy {

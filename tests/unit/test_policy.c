@@ -293,8 +293,6 @@ static void test_phase_max(void **state)
   assert_int_equal(psp_phase_ahead(&m, 2500, 10), 3); /* unknown slice: the most anywhere */
 }
 
-static const psp_cost h200 = {.h2d = 55e9, .d2h = 55e9, .zero_copy = 51e9, .hbm = 4000e9};
-
 /* Next use from recent uses: against the truth of a strictly periodic use pattern. */
 static void test_predict_next(void **state)
 {
@@ -321,34 +319,15 @@ static void test_predict_next(void **state)
     }
 }
 
-static void test_cost(void **state)
-{
-  (void)state;
-  uint64_t gib = 1ull << 30;
-  /* optimizer state: one streaming read-modify-write per iteration */
-  assert_int_equal(psp_choose_place(&h200, 4 * gib, 1, true), PSP_IN_PLACE);
-  /* touched ten times: paged in, written or not */
-  assert_int_equal(psp_choose_place(&h200, 4 * gib, 10, true), PSP_PAGE_IN);
-  assert_int_equal(psp_choose_place(&h200, 4 * gib, 10, false), PSP_PAGE_IN);
-  /* read once: a near tie the faster copy engine wins */
-  assert_int_equal(psp_choose_place(&h200, 4 * gib, 1, false), PSP_PAGE_IN);
-  /* never touched: no reason to copy */
-  assert_int_equal(psp_choose_place(&h200, 4 * gib, 0, false), PSP_IN_PLACE);
-  /* a slower link makes even the read-once chunk stay in place */
-  psp_cost slow = h200;
-  slow.h2d = 25e9;
-  assert_int_equal(psp_choose_place(&slow, gib, 1, false), PSP_IN_PLACE);
-}
-
 int main(void)
 {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_build),          cmocka_unit_test(test_next_use_wraps),
       cmocka_unit_test(test_next_use_brute), cmocka_unit_test(test_margin_brute),
       cmocka_unit_test(test_victim_opt),     cmocka_unit_test(test_victim_lru),
-      cmocka_unit_test(test_cost),           cmocka_unit_test(test_predict_next),
+      cmocka_unit_test(test_predict_next),
       cmocka_unit_test(test_sort_farthest),
-    cmocka_unit_test(test_phase_max),
+      cmocka_unit_test(test_phase_max),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
