@@ -121,6 +121,7 @@ struct device {
   uint32_t ndeferred;
   struct psa_mark *free_marks;
   struct psa_mark **recent; /* marks of the latest PSSHIM_RUNAHEAD launches, a ring */
+  struct psa_mark *runahead_stuck; /* a run-ahead wait gave up on it: no holding back until it passes */
   uint64_t clock;           /* the latest moment that touched a chunk (+1) */
   uint64_t margin;          /* most GPU frames spans allocated into within an iteration held */
   psp_phase_max young;      /* the frames they held, by phase of the iteration */

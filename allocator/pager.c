@@ -602,6 +602,52 @@ static bool capturing(uint64_t s)
 
 static _Thread_local bool tls_unbracketed; /* this thread's current moment is not bracketed */
 
+#define RUNAHEAD_WAIT_NS 1000000000ull /* the longest the bound holds the host back */
+
+/* Waits for a run-ahead mark, at most RUNAHEAD_WAIT_NS. The bound is only for speed, and
+ * the work before the mark may itself wait for this thread (a host function that needs a
+ * lock the launching thread holds, such as Python's GIL): then the host goes on. Polls
+ * (cuEventSynchronize cannot give up). True when the work before the mark is over. */
+static bool runahead_wait(CUevent e)
+{
+  const struct timespec nap = {0, 20000}; /* 20 us: short against the work of 256 launches */
+  for (uint64_t start = now_ns();;) {
+    CUresult r = ps_driver.cuEventQuery(e);
+    if (r != CUDA_ERROR_NOT_READY)
+      return true; /* an error ends the wait too: the work is over, or failed (as in mark_passed) */
+    if (now_ns() - start > RUNAHEAD_WAIT_NS)
+      return false;
+    nanosleep(&nap, NULL);
+  }
+}
+
+/* Holds the host to PSSHIM_RUNAHEAD launches ahead of mark `ahead` (the visit's reference,
+ * dropped here). After a wait that gave up, the host is not held back again until the
+ * mark it gave up on has passed: each later mark lies behind the same stuck work. */
+static void hold_back(struct device *d, struct psa_mark *ahead)
+{
+  pthread_mutex_lock(&d->lock);
+  struct psa_mark *stuck = d->runahead_stuck;
+  if (stuck && mark_passed(stuck, false)) {
+    mark_put(d, stuck);
+    stuck = d->runahead_stuck = NULL;
+  }
+  pthread_mutex_unlock(&d->lock);
+  uint64_t start = now_ns();
+  bool passed = !stuck && runahead_wait(ahead->event); /* without the lock: the reference keeps the event */
+  pthread_mutex_lock(&d->lock);
+  d->stats.runahead_wait_ns += now_ns() - start;
+  if (passed) {
+    ahead->done = true;
+  } else if (!stuck && !d->runahead_stuck) {
+    d->runahead_stuck = ahead;
+    ahead->refs++;
+    d->stats.runahead_timeouts++;
+  }
+  mark_put(d, ahead);
+  pthread_mutex_unlock(&d->lock);
+}
+
 void psa_on_moment(const struct pst_launch *l, bool enter)
 {
   if (enter) {
@@ -615,19 +661,10 @@ void psa_on_moment(const struct pst_launch *l, bool enter)
   struct visit v = {.l = l};
   if (l->nptrs)
     for_each_chunk(&v, enter ? enter_chunk : exit_chunk);
-  if (v.ahead) {
-    /* Flow control: the host stays at most PSSHIM_RUNAHEAD launches ahead of the GPU, so a
-     * chunk is quiescent soon after its last use and can move before its next one.
-     * The wait is made without the lock (the visit's reference keeps the event). */
-    uint64_t wait_start = now_ns();
-    CUresult r = ps_driver.cuEventSynchronize(v.ahead->event);
-    (void)r; /* an error ends the wait too: the work is over, or failed (as in mark_passed) */
-    pthread_mutex_lock(&v.ahead_dev->lock);
-    v.ahead_dev->stats.runahead_wait_ns += now_ns() - wait_start;
-    v.ahead->done = true;
-    mark_put(v.ahead_dev, v.ahead);
-    pthread_mutex_unlock(&v.ahead_dev->lock);
-  }
+  /* Flow control: the host stays at most PSSHIM_RUNAHEAD launches ahead of the GPU, so a
+   * chunk is quiescent soon after its last use and can move before its next one. */
+  if (v.ahead)
+    hold_back(v.ahead_dev, v.ahead);
   if (enter || ps_options.policy != PS_POLICY_AUTO || atomic_load(&paging_off))
     return;
   /* Chunks become movable on the scale of the run-ahead window: planning far more often

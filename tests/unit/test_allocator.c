@@ -611,6 +611,58 @@ static void test_training_loop_settles_without_moves(void **state)
   assert_true(late <= 4);       /* a few stragglers at most, over 20 steps */
 }
 
+/* Work ahead of the run-ahead mark may itself wait for the launching thread, as a host
+ * function waits for a lock (Python's GIL) that thread holds. Here a kernel (kernels are
+ * host functions in the test driver) waits for a flag the thread sets only after eight
+ * more launches: the run-ahead wait must give up rather than deadlock. The kernel gives up
+ * itself after 20 s, so without the bound on the wait the run takes 20 s, not about one. */
+static _Atomic bool released;
+
+static void wait_released_fn(void **args, void *user)
+{
+  (void)args, (void)user;
+  for (int i = 0; i < 20000 && !atomic_load(&released); i++)
+    usleep(1000);
+}
+
+static void held_back_by_own_lock(void *arg)
+{
+  (void)arg;
+  setenv("PSSHIM_POLICY", "auto", 1);
+  setenv("PSSHIM_RUNAHEAD", "4", 1);
+  start("16M", "64M");
+  size_t sizes[] = {8, 8, 8};
+  CUfunction wait_kernel = fakecuda_register_kernel("wait_released", wait_released_fn, NULL, 3, sizes);
+  CUstream s;
+  CUdeviceptr p;
+  if (ps_driver.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) || psa_alloc(0, 2 * MiB, s, &p))
+    exit(150);
+  launch(fill_kernel, p, 2 * MiB, 1, s);
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  launch(wait_kernel, p, 2 * MiB, 0, s);
+  for (int i = 0; i < 8; i++)
+    launch(check_kernel, p, 2 * MiB, 1, s);
+  atomic_store(&released, true);
+  ps_driver.cuStreamSynchronize(s);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double seconds = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+  struct psa_stats st;
+  psa_stats_get(&st);
+  fprintf(stderr, "held back by its own lock: %.2f s, run-ahead waits given up %llu, mismatches %llu\n", seconds,
+          (unsigned long long)st.runahead_timeouts, (unsigned long long)atomic_load(&mismatches));
+  psa_free(p, s, true);
+  if (atomic_load(&mismatches))
+    exit(151);
+  exit(seconds < 10 && st.runahead_timeouts == 1 ? 0 : 152);
+}
+
+static void test_runahead_wait_gives_up(void **state)
+{
+  (void)state;
+  assert_int_equal(in_child(held_back_by_own_lock, NULL), 0);
+}
+
 /* Work captured into a CUDA graph is not run when launched: psshim must add no event or
  * wait to a capturing stream (querying an event recorded there fails, as the fake does),
  * so paging stops and the capture's launches go unbracketed, silently. */
@@ -864,6 +916,7 @@ int main(void)
       cmocka_unit_test(test_capture_stops_paging_quietly),
       cmocka_unit_test(test_short_lived_land_on_gpu),
       cmocka_unit_test(test_training_loop_settles_without_moves),
+      cmocka_unit_test(test_runahead_wait_gives_up),
   };
   if (getenv("TEST_FILTER")) /* e.g. TEST_FILTER=*pager* to run one test under a debugger */
     cmocka_set_test_filter(getenv("TEST_FILTER"));
