@@ -345,10 +345,6 @@ static bool young(const struct span *s, uint64_t now, uint64_t period)
   return now - s->last_alloc < period;
 }
 
-/* The chunks in `w` frames that a move might take now (in use or being copied: not),
- * with predicted next uses, in the order to consider them: for fetches (host) the soonest
- * first, for victims (GPU) the farthest first. Without a period, a fetch's "soonest" is
- * the most recently used. Returns how many. */
 static uint64_t predicted_next(struct chunk *c, uint64_t now, uint64_t period)
 {
   /* A prediction later than now stands until the chunk is used again (enter_chunk clears
@@ -358,6 +354,10 @@ static uint64_t predicted_next(struct chunk *c, uint64_t now, uint64_t period)
   return c->next_use;
 }
 
+/* The chunks in `w` frames that a move might take now (in use or being copied: not),
+ * with predicted next uses, in the order to consider them: for fetches (host) the soonest
+ * first, for victims (GPU) the farthest first. Without a period, a fetch's "soonest" is
+ * the most recently used. Returns how many. */
 static size_t candidates(struct device *d, enum psa_where w, uint64_t now, uint64_t period, psp_cand *out)
 {
   size_t n = 0;
@@ -371,7 +371,8 @@ static size_t candidates(struct device *d, enum psa_where w, uint64_t now, uint6
     if (w == PSA_GPU && (young(c->span, now, period) || !c->span->live_allocs))
       continue;
     uint64_t next = period ? predicted_next(c, now, period) : PSP_NEVER - c->last_use;
-    if (w == PSA_HOST && period && (next == PSP_NEVER || psp_uses_within(c->uses, PSA_USES, now, period) < FETCH_MIN_USES))
+    if (w == PSA_HOST && period &&
+        (next == PSP_NEVER || psp_uses_within(c->uses, PSA_USES, now, period) < FETCH_MIN_USES))
       continue; /* not expected soon, or cheaper read in place */
     /* Fetches want the soonest: the victims' order with next uses reversed. */
     out[n++] = (psp_cand){.chunk = (uint32_t)i, .bytes = d->chunk_size, .dirty = true,
