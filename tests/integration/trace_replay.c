@@ -46,6 +46,14 @@ static void *grow(void *p, size_t *cap, size_t need, size_t elem)
   return p;
 }
 
+static void check_cu(CUresult r, const char *what)
+{
+  if (r != CUDA_SUCCESS) {
+    fprintf(stderr, SIM_NAME ": %s failed: error %d\n", what, (int)r);
+    exit(2);
+  }
+}
+
 /* Index of the first live allocation starting above addr. */
 static size_t upper(uint64_t addr)
 {
@@ -106,7 +114,8 @@ static CUfunction kernel_for(uint32_t function, uint32_t n)
   char name[32];
   snprintf(name, sizeof name, "f%u_%u", function, n);
   kernels = grow(kernels, &cap_kernels, nkernels + 1, sizeof *kernels);
-  kernels[nkernels] = (struct kernel){function, n, fakecuda_register_kernel(name, touch_fn, (void *)(uintptr_t)n, n, sizes)};
+  CUfunction f = fakecuda_register_kernel(name, touch_fn, (void *)(uintptr_t)n, n, sizes);
+  kernels[nkernels] = (struct kernel){function, n, f};
   return kernels[nkernels++].f;
 }
 
@@ -128,10 +137,7 @@ static CUstream stream_for(uint64_t traced)
       return streams[i].now;
   streams = grow(streams, &cap_streams, nstreams + 1, sizeof *streams);
   streams[nstreams].traced = traced;
-  if (cuStreamCreate(&streams[nstreams].now, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
-    fprintf(stderr, SIM_NAME ": cuStreamCreate failed\n");
-    exit(2);
-  }
+  check_cu(cuStreamCreate(&streams[nstreams].now, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
   return streams[nstreams++].now;
 }
 
@@ -168,10 +174,8 @@ static void replay_launch(const struct event *e)
     args[i] = translate(e->ptrs[i]);
     params[i] = &args[i];
   }
-  if (cuLaunchKernel(kernel_for(e->function, e->n), 1, 1, 1, 1, 1, 1, 0, stream_for(e->stream), params, NULL)) {
-    fprintf(stderr, SIM_NAME ": launch failed\n");
-    exit(2);
-  }
+  check_cu(cuLaunchKernel(kernel_for(e->function, e->n), 1, 1, 1, 1, 1, 1, 0, stream_for(e->stream), params, NULL),
+           "cuLaunchKernel");
 }
 
 static void replay_copy(const struct event *e)
@@ -180,10 +184,9 @@ static void replay_copy(const struct event *e)
   if (!dst || translate(e->c + e->a - 1) != dst + e->a - 1)
     return; /* not within one live allocation: nothing of the replay's to touch */
   if (e->kind == PST_COPY_MEMSET)
-    check(cuMemsetD8Async(dst, 0, e->a, stream_for(e->stream)) ? cudaErrorUnknown : cudaSuccess, "cuMemsetD8Async");
+    check_cu(cuMemsetD8Async(dst, 0, e->a, stream_for(e->stream)), "cuMemsetD8Async");
   else if (e->kind == PST_COPY_D2D && src && translate(e->b + e->a - 1) == src + e->a - 1)
-    check(cuMemcpyDtoDAsync(dst, src, e->a, stream_for(e->stream)) ? cudaErrorUnknown : cudaSuccess,
-          "cuMemcpyDtoDAsync");
+    check_cu(cuMemcpyDtoDAsync(dst, src, e->a, stream_for(e->stream)), "cuMemcpyDtoDAsync");
 }
 
 int main(int argc, char **argv)
@@ -249,7 +252,7 @@ int main(int argc, char **argv)
       break;
     case PST_REC_SYNC:
       if (ev[i].kind == PST_SYNC_STREAM)
-        check(cuStreamSynchronize(stream_for(ev[i].stream)) ? cudaErrorUnknown : cudaSuccess, "cuStreamSynchronize");
+        check_cu(cuStreamSynchronize(stream_for(ev[i].stream)), "cuStreamSynchronize");
       else
         check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
       break;
