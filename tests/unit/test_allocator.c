@@ -83,6 +83,19 @@ static void start(const char *gpu_budget, const char *host_budget)
   check_kernel = fakecuda_register_kernel("check", check_fn, NULL, 3, sizes);
 }
 
+/* For the pager's small cases: the policy, a run-ahead of 4 launches, the budgets, and a
+ * stream to work on (exit(fail) if none can be made). */
+static CUstream start_paging(const char *policy, const char *gpu_budget, const char *host_budget, int fail)
+{
+  setenv("PSSHIM_POLICY", policy, 1);
+  setenv("PSSHIM_RUNAHEAD", "4", 1);
+  start(gpu_budget, host_budget);
+  CUstream s;
+  if (ps_driver.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING))
+    exit(fail);
+  return s;
+}
+
 /* Runs fn in a child; returns its exit status (signals become 128 + signal). */
 static int in_child(void (*fn)(void *), void *arg)
 {
@@ -466,12 +479,7 @@ static void test_unseen_copy_stops_paging(void **state)
 static void short_lived(void *arg)
 {
   bool paging = *(const bool *)arg;
-  setenv("PSSHIM_POLICY", paging ? "auto" : "static", 1);
-  setenv("PSSHIM_RUNAHEAD", "4", 1);
-  start("16M", "128M");
-  CUstream s;
-  if (ps_driver.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING))
-    exit(140);
+  CUstream s = start_paging(paging ? "auto" : "static", "16M", "128M", 140);
   CUdeviceptr w[12], act[2];
   for (int i = 0; i < 12; i++) {
     if (psa_alloc(0, 2 * MiB, s, &w[i]))
@@ -534,12 +542,7 @@ static void test_short_lived_land_on_gpu(void **state)
 static void steady(void *arg)
 {
   (void)arg;
-  setenv("PSSHIM_POLICY", "auto", 1);
-  setenv("PSSHIM_RUNAHEAD", "4", 1);
-  start("36M", "256M");
-  CUstream s;
-  if (ps_driver.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING))
-    exit(140);
+  CUstream s = start_paging("auto", "36M", "256M", 140);
   CUdeviceptr param[LAYERS], state[LAYERS], act[LAYERS], grad[LAYERS];
   uint64_t seed[LAYERS];
   for (int l = 0; l < LAYERS; l++) {
@@ -628,14 +631,11 @@ static void wait_released_fn(void **args, void *user)
 static void held_back_by_own_lock(void *arg)
 {
   (void)arg;
-  setenv("PSSHIM_POLICY", "auto", 1);
-  setenv("PSSHIM_RUNAHEAD", "4", 1);
-  start("16M", "64M");
+  CUstream s = start_paging("auto", "16M", "64M", 150);
   size_t sizes[] = {8, 8, 8};
   CUfunction wait_kernel = fakecuda_register_kernel("wait_released", wait_released_fn, NULL, 3, sizes);
-  CUstream s;
   CUdeviceptr p;
-  if (ps_driver.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) || psa_alloc(0, 2 * MiB, s, &p))
+  if (psa_alloc(0, 2 * MiB, s, &p))
     exit(150);
   launch(fill_kernel, p, 2 * MiB, 1, s);
   struct timespec t0, t1;
@@ -673,12 +673,7 @@ static void capture(void *arg)
   int fd = mkstemp(path);
   if (fd < 0 || !freopen(path, "w", stderr))
     exit(30);
-  setenv("PSSHIM_POLICY", "auto", 1);
-  setenv("PSSHIM_RUNAHEAD", "4", 1);
-  start("4M", "64M");
-  CUstream s;
-  if (ps_driver.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING))
-    exit(31);
+  CUstream s = start_paging("auto", "4M", "64M", 31);
   CUdeviceptr w[6];
   for (int i = 0; i < 6; i++) {
     if (psa_alloc(0, MiB, s, &w[i]))
