@@ -562,6 +562,33 @@ static void exit_chunk(struct device *d, uint64_t chunk, struct visit *v)
   }
 }
 
+/* fn(d, l) for every ready device, under its lock. */
+static void each_device(void (*fn)(struct device *, const struct pst_launch *), const struct pst_launch *l)
+{
+  for (int i = 0; i < PSA_MAX_DEVICES; i++) {
+    struct device *d = &psa_devices[i];
+    if (!d->ready)
+      continue;
+    pthread_mutex_lock(&d->lock);
+    fn(d, l);
+    pthread_mutex_unlock(&d->lock);
+  }
+}
+
+/* The launch's stream waits for every copy still in flight on the device. */
+static void wait_copies(struct device *d, const struct pst_launch *l)
+{
+  for (uint32_t k = 0; k < d->ncopying;) {
+    uint64_t chunk = d->copying[k];
+    struct psa_mark *copy = d->chunks[chunk].copy;
+    if (!psa_copy_done(d, chunk, false) &&
+        PS_CU(ps_driver.cuStreamWaitEvent((CUstream)(uintptr_t)l->stream, copy->event, 0)))
+      psa_copy_done(d, chunk, true);
+    if (k < d->ncopying && d->copying[k] == chunk)
+      k++; /* else the slot now holds another chunk */
+  }
+}
+
 /* Work whose accesses psshim cannot see (a CUDA graph, an array copy) may touch any chunk,
  * and so may work being captured into a graph, which runs later: paging stops for good,
  * said once. Nothing moves again, so only the copies already in flight matter: work that
@@ -572,24 +599,8 @@ static void stop_paging(const struct pst_launch *l, bool capturing)
   if (!atomic_exchange(&paging_off, true))
     ps_log(PS_LOG_WARN, "%s: its memory accesses cannot be observed, so paging stops (placement stays as it is)",
            capturing ? "a stream is capturing a CUDA graph" : l->name ? l->name : "a CUDA graph launch");
-  if (capturing)
-    return;
-  for (int i = 0; i < PSA_MAX_DEVICES; i++) {
-    struct device *d = &psa_devices[i];
-    if (!d->ready)
-      continue;
-    pthread_mutex_lock(&d->lock);
-    for (uint32_t k = 0; k < d->ncopying;) {
-      uint64_t chunk = d->copying[k];
-      struct psa_mark *copy = d->chunks[chunk].copy;
-      if (!psa_copy_done(d, chunk, false) &&
-          PS_CU(ps_driver.cuStreamWaitEvent((CUstream)(uintptr_t)l->stream, copy->event, 0)))
-        psa_copy_done(d, chunk, true);
-      if (k < d->ncopying && d->copying[k] == chunk)
-        k++; /* else the slot now holds another chunk */
-    }
-    pthread_mutex_unlock(&d->lock);
-  }
+  if (!capturing)
+    each_device(wait_copies, l);
 }
 
 /* Whether work on stream s is being captured into a graph rather than run (an error
@@ -649,6 +660,14 @@ static void hold_back(struct device *d, struct psa_mark *ahead)
   pthread_mutex_unlock(&d->lock);
 }
 
+static void poll_and_plan(struct device *d, const struct pst_launch *l)
+{
+  uint64_t start = now_ns();
+  psa_moves_poll(d); /* as often as plans: each poll queries every copy in flight */
+  plan(d, l->seq + 1);
+  d->stats.plan_ns += now_ns() - start;
+}
+
 void psa_on_moment(const struct pst_launch *l, bool enter)
 {
   if (enter) {
@@ -672,17 +691,6 @@ void psa_on_moment(const struct pst_launch *l, bool enter)
    * than that finds nothing new, and each plan scans every chunk. Frames left behind by
    * moves are freed then too. */
   unsigned every = ps_options.runahead / 16 < 1 ? 1 : ps_options.runahead / 16 > 16 ? 16 : ps_options.runahead / 16;
-  if (l->seq % every)
-    return;
-  for (int i = 0; i < PSA_MAX_DEVICES; i++) {
-    struct device *d = &psa_devices[i];
-    if (!d->ready)
-      continue;
-    pthread_mutex_lock(&d->lock);
-    uint64_t start = now_ns();
-    psa_moves_poll(d); /* as often as plans: each poll queries every copy in flight */
-    plan(d, l->seq + 1);
-    d->stats.plan_ns += now_ns() - start;
-    pthread_mutex_unlock(&d->lock);
-  }
+  if (l->seq % every == 0)
+    each_device(poll_and_plan, l);
 }

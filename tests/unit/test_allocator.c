@@ -118,6 +118,18 @@ struct live {
   CUstream stream;
 };
 
+/* A thread's end: every buffer it still holds is checked and freed, and its two streams
+ * drained. */
+static void check_and_free(const struct live *l, int n, CUstream streams[2])
+{
+  for (int i = 0; i < n; i++) {
+    launch(check_kernel, l[i].p, l[i].bytes, l[i].seed, l[i].stream);
+    psa_free(l[i].p, l[i].stream, false);
+  }
+  for (int i = 0; i < 2; i++)
+    ps_driver.cuStreamSynchronize(streams[i]);
+}
+
 struct worker {
   unsigned seed;
   int ops;
@@ -178,12 +190,7 @@ static void *worker_main(void *arg)
         abort();
     }
   }
-  for (int i = 0; i < n; i++) {
-    launch(check_kernel, live[i].p, live[i].bytes, live[i].seed, live[i].stream);
-    psa_free(live[i].p, live[i].stream, false);
-  }
-  for (int i = 0; i < 2; i++)
-    ps_driver.cuStreamSynchronize(streams[i]);
+  check_and_free(live, n, streams);
   return NULL;
 }
 
@@ -370,12 +377,7 @@ static void *trainer_main(void *arg)
     pthread_cond_broadcast(&lp->turn_changed);
     pthread_mutex_unlock(&lp->m);
   }
-  for (int j = 0; j < weights; j++) {
-    launch(check_kernel, w[j].p, w[j].bytes, w[j].seed, w[j].stream);
-    psa_free(w[j].p, w[j].stream, false);
-  }
-  for (int i = 0; i < 2; i++)
-    ps_driver.cuStreamSynchronize(streams[i]);
+  check_and_free(w, weights, streams);
   return NULL;
 }
 
