@@ -84,12 +84,14 @@ struct psa_stats {
   uint64_t copy_waits; /* launches that found a move's copy running and waited for it on their stream */
   /* auto's plans once the period is known, and why the ones that stopped early did: no
    * host chunk to fetch, no GPU chunk that may leave, or none needed later than the fetch
-   * (Belady); the margin kept for short-lived allocations, in frames */
-  uint64_t plans, plans_no_fetch, plans_no_victim, plans_belady, margin_frames;
+   * (Belady); swaps passed over as not paying (psp_swap_pays); the margin kept for
+   * short-lived allocations, in frames */
+  uint64_t plans, plans_no_fetch, plans_no_victim, plans_belady, plans_no_gain, margin_frames;
   uint64_t touches_gpu, touches_host; /* observed chunk touches served from each kind of frame (auto) */
-  /* host time auto spent on the launching threads: planning (moves included), remapping
-   * moved chunks, and holding the host back to PSSHIM_RUNAHEAD launches ahead */
-  uint64_t plan_ns, remap_ns, runahead_wait_ns;
+  /* host time auto spent on the launching threads: planning (moves included), moving
+   * (queueing copies, remapping), remapping alone, and holding the host back to
+   * PSSHIM_RUNAHEAD launches ahead */
+  uint64_t plan_ns, move_ns, remap_ns, runahead_wait_ns;
   uint64_t runahead_timeouts; /* run-ahead waits that gave up (the work ahead waited for the host) */
   /* sharding: chunks made shared and private again, shared now, this rank's pieces of them
    * (host bytes), and the host bytes it does not hold thanks to them (now, and at most) */

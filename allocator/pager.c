@@ -32,10 +32,6 @@
  * In bytes, so smaller chunks move as fast; at least 8 chunks. */
 #define PLAN_BYTES (512ull << 20)
 #define MARGIN_LOOKAHEAD 8 /* room is made for the margin 1/8 of an iteration ahead */
-/* Each use of a chunk in a host frame crosses PCIe once (a read, or a read and a write);
- * a page-in crosses once in and, to make room, once out. So only a chunk used more than
- * twice per iteration is worth fetching: optimizer state, touched once, is read in place. */
-#define FETCH_MIN_USES 3
 
 static _Atomic bool paging_off; /* see stop_paging */
 
@@ -223,6 +219,9 @@ static uint32_t move_onto(struct device *d, uint64_t chunk, uint32_t to, struct 
       }
       psa_trace_chunk(d, chunk, where == PSA_GPU ? PST_CHUNK_FRAME_GPU : PST_CHUNK_FRAME_HOST);
       trace_move(chunk, where, (uint64_t)bytes, start);
+      uint64_t spent = now_ns() - start;
+      d->stats.move_ns += spent;
+      d->move_ns = d->move_ns ? (d->move_ns * 15 + spent) / 16 : spent; /* a mean over ~16 moves */
       return from;
     }
     if (psa_map(d, va, d->frames[from].handle)) /* back onto the frame that holds the data */
@@ -332,6 +331,14 @@ static uint32_t plan_moves(const struct device *d)
   return n < 8 ? 8 : n > PSA_MAX_MIGRATIONS / 2 ? PSA_MAX_MIGRATIONS / 2 : (uint32_t)n;
 }
 
+/* What a use of a chunk left in a host frame costs: a kernel reads (and writes back) it in
+ * place at PSSHIM_INPLACE_RATE. Moves cost what the launching thread measurably spends on
+ * them (d->move_ns); see psp_fetch_pays. */
+static uint64_t use_ns(const struct device *d)
+{
+  return (uint64_t)((double)d->chunk_size * 1e9 / (double)ps_options.inplace_rate);
+}
+
 static bool on(const struct device *d, const struct chunk *c, enum psa_where w)
 {
   return c->frame != PSA_NO_FRAME && d->frames[c->frame].where == w;
@@ -372,7 +379,8 @@ static size_t candidates(struct device *d, enum psa_where w, uint64_t now, uint6
       continue;
     uint64_t next = period ? predicted_next(c, now, period) : PSP_NEVER - c->last_use;
     if (w == PSA_HOST && period &&
-        (next == PSP_NEVER || psp_uses_within(c->uses, PSA_USES, now, period) < FETCH_MIN_USES))
+        (next == PSP_NEVER ||
+         !psp_fetch_pays(psp_uses_within(c->uses, PSA_USES, now, period), use_ns(d), d->move_ns)))
       continue; /* not expected soon, or cheaper read in place */
     /* Fetches want the soonest: the victims' order with next uses reversed. */
     out[n++] = (psp_cand){.chunk = (uint32_t)i, .bytes = d->chunk_size, .dirty = true,
@@ -462,6 +470,12 @@ static void plan(struct device *d, uint64_t now)
       d->stats.plans_no_victim += v == nv;
       d->stats.plans_belady += v < nv;
       return;
+    }
+    struct chunk *victim = &d->chunks[victims[v].chunk];
+    if (!psp_swap_pays(psp_uses_within(d->chunks[chunk].uses, PSA_USES, now, period),
+                       psp_uses_within(victim->uses, PSA_USES, now, period), use_ns(d), d->move_ns)) {
+      d->stats.plans_no_gain++;
+      continue; /* a later fetch, used more often, may still pay */
     }
     swap_in(d, chunk, victims[v++].chunk);
     moves++;

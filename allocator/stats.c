@@ -42,8 +42,8 @@ void psa_stats_write(FILE *f, bool json)
             "\"migrations_to_gpu\": %llu, \"migrations_to_host\": %llu, \"bytes_h2d\": %llu, \"bytes_d2h\": %llu, "
             "\"copy_waits\": %llu, \"touches_gpu\": %llu, \"touches_host\": %llu, \"launches\": %llu, "
             "\"iterations\": %llu, \"period\": %llu, \"plans\": %llu, \"plans_no_fetch\": %llu, "
-            "\"plans_no_victim\": %llu, \"plans_belady\": %llu, \"margin_frames\": %llu, \"plan_ns\": %llu, "
-            "\"remap_ns\": %llu, \"runahead_wait_ns\": %llu, \"runahead_timeouts\": %llu, \"shares\": %llu, "
+            "\"plans_no_victim\": %llu, \"plans_belady\": %llu, \"plans_no_gain\": %llu, \"margin_frames\": %llu, "
+            "\"plan_ns\": %llu, \"move_ns\": %llu, \"remap_ns\": %llu, \"runahead_wait_ns\": %llu, \"runahead_timeouts\": %llu, \"shares\": %llu, "
             "\"unshares\": %llu, \"shared_chunks\": %llu, \"shared_host_bytes\": %llu, "
             "\"shard_saved_bytes\": %llu, \"peak_shard_saved_bytes\": %llu}\n",
             (unsigned long long)s.allocs, (unsigned long long)s.frees, (unsigned long long)s.failed_allocs,
@@ -59,7 +59,8 @@ void psa_stats_write(FILE *f, bool json)
             (unsigned long long)s.touches_host, (unsigned long long)launches, (unsigned long long)iterations,
             (unsigned long long)pst_session_period(), (unsigned long long)s.plans,
             (unsigned long long)s.plans_no_fetch, (unsigned long long)s.plans_no_victim,
-            (unsigned long long)s.plans_belady, (unsigned long long)s.margin_frames, (unsigned long long)s.plan_ns,
+            (unsigned long long)s.plans_belady, (unsigned long long)s.plans_no_gain,
+            (unsigned long long)s.margin_frames, (unsigned long long)s.plan_ns, (unsigned long long)s.move_ns,
             (unsigned long long)s.remap_ns, (unsigned long long)s.runahead_wait_ns,
             (unsigned long long)s.runahead_timeouts, (unsigned long long)s.shares,
             (unsigned long long)s.unshares, (unsigned long long)s.shared_chunks,

@@ -380,14 +380,14 @@ def pager_table(sweep: dict) -> str | None:
             benchlib.fmt(100.0 * s["touches_host"] / touches if touches else None, ".1f"),
             str(s.get("period", "-")), str(s.get("plans", "-")), str(s.get("plans_no_fetch", "-")),
             str(s.get("plans_no_victim", "-")), str(s.get("plans_belady", "-")),
-            str(s.get("margin_frames", "-")), ms_per_step("plan_ns"), ms_per_step("remap_ns"),
-            ms_per_step("runahead_wait_ns")])
+            str(s.get("plans_no_gain", "-")), str(s.get("margin_frames", "-")), ms_per_step("plan_ns"),
+            ms_per_step("move_ns"), ms_per_step("remap_ns"), ms_per_step("runahead_wait_ns")])
     if not rows:
         return None
     return benchlib.format_table(
         ["ratio", "method", "moves in", "moves out", "copy waits", "host touch %", "period",
-         "plans", "no fetch", "no victim", "Belady", "margin", "plan ms/step", "remap ms/step",
-         "wait ms/step"], rows)
+         "plans", "no fetch", "no victim", "Belady", "no gain", "margin", "plan ms/step",
+         "move ms/step", "remap ms/step", "wait ms/step"], rows)
 
 
 def plot(sweep: dict, path: str) -> str | None:
@@ -501,8 +501,10 @@ def main(argv=None) -> int:
     if pager:
         print("\npsshim's pager (PSSHIM_STATS): moves, launches that waited for a copy, chunk "
               "touches served from host frames, the adopted period (launches), plans and why "
-              "they stopped, margin (frames), and host time per step (over all steps) that "
-              "the launching threads spent planning, remapping, and held back by the run-ahead bound")
+              "they stopped (no gain: swaps passed over as not paying), margin (frames), and "
+              "host time per step (over all steps) that the launching threads spent planning, "
+              "moving (copies queued and remaps), remapping alone, and held back by the "
+              "run-ahead bound")
         print(pager)
     return 0
 

@@ -96,6 +96,16 @@ size_t psp_uses_within(const uint64_t *uses, size_t n, uint64_t now, uint64_t pe
   return within;
 }
 
+bool psp_fetch_pays(size_t uses, uint64_t use_ns, uint64_t move_ns)
+{
+  return (uint64_t)uses * use_ns > 2 * move_ns;
+}
+
+bool psp_swap_pays(size_t uses_in, size_t uses_out, uint64_t use_ns, uint64_t move_ns)
+{
+  return uses_in > uses_out && (uint64_t)(uses_in - uses_out) * use_ns > 4 * move_ns;
+}
+
 uint64_t psp_predict_next(const uint64_t *uses, size_t n, uint64_t now, uint64_t period)
 {
   if (!period)

@@ -101,6 +101,16 @@ uint64_t psp_predict_next(const uint64_t *uses, size_t n, uint64_t now, uint64_t
  * iteration than remembered). */
 size_t psp_uses_within(const uint64_t *uses, size_t n, uint64_t now, uint64_t period);
 
+/* ---- whether a move pays ---- */
+
+/* Costs per iteration, in ns: a chunk left in a host frame costs use_ns each time it is
+ * used (read in place across PCIe); a move costs move_ns of the launching thread (copy
+ * queued, remap). In a repeating iteration what comes in goes out again, so a fetch into a
+ * free frame pays when its uses save more than two moves, and a swap (the fetched chunk in,
+ * a victim out) when the uses it saves, less the victim's uses it adds, beat four. */
+bool psp_fetch_pays(size_t uses, uint64_t use_ns, uint64_t move_ns);
+bool psp_swap_pays(size_t uses_in, size_t uses_out, uint64_t use_ns, uint64_t move_ns);
+
 /* ---- a quantity by phase of the iteration (the pager's margin) ---- */
 
 #define PSP_PHASES 64

@@ -115,6 +115,7 @@ struct ps_options {
   const char *trace_path;    /* PSSHIM_TRACE */
   unsigned sample_ms;        /* PSSHIM_SAMPLE_MS */
   unsigned runahead;         /* PSSHIM_RUNAHEAD: launches the host may enqueue ahead (auto) */
+  uint64_t inplace_rate;     /* PSSHIM_INPLACE_RATE: bytes/s kernels read a host frame in place (auto) */
   const char *cupti_path;    /* PSSHIM_CUPTI */
 };
 extern struct ps_options ps_options;

@@ -9,6 +9,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <time.h>
 
 #define MAX_PERIOD 65536     /* launches per iteration that can be recognised */
@@ -20,7 +21,7 @@ static uint64_t fed, next_ask, next_boundary, iteration;
 static uint32_t period, candidate; /* adopted period, and the last one the detector gave */
 static _Atomic uint32_t adopted; /* period, readable without the lock */
 static pthread_t sampler;
-static _Atomic bool sampling;
+static _Atomic bool sampling, in_sample;
 static CUcontext sampler_ctx;
 
 /* Iteration boundaries from the period detector: an ITERATION record as each passes. */
@@ -34,7 +35,9 @@ static void track_iteration(const struct pst_launch *l)
     next_ask = fed + (fed < PERIOD_ASK_MAX ? (fed < 64 ? 64 : fed) : PERIOD_ASK_MAX);
     uint32_t p = 0;
     uint64_t phase = 0;
-    bool found = psp_period_get(detector, &p, &phase);
+    /* A run of one kernel repeated (an optimizer's per-tensor launches) is no iteration:
+     * on the 2.68B GPT a period of 1 stood for half the run before the real one. */
+    bool found = psp_period_get(detector, &p, &phase) && p > 1;
     /* Early in a run a layer's pattern looks periodic: a period is adopted only when two
      * queries in a row agree, and dropped when the stream stops being periodic. */
     if (!found) {
@@ -86,16 +89,18 @@ static void *sample_main(void *arg)
   bool said = false;
   struct timespec period_ts = {.tv_sec = ps_options.sample_ms / 1000,
                                .tv_nsec = (long)(ps_options.sample_ms % 1000) * 1000000L};
-  while (atomic_load(&sampling)) {
+  for (;;) {
+    atomic_store(&in_sample, true);
+    if (!atomic_load(&sampling))
+      break;
     struct psa_stats s;
     psa_stats_get(&s);
     size_t free_b = 0, total_b = 0;
     /* The real driver's figures (psshim's door is not in the table); without them the
      * sample carries psshim's own counts only. */
-    CUresult info = ps_driver.cuMemGetInfo_v2(&free_b, &total_b);
-    if (info != CUDA_SUCCESS) {
+    if (ps_driver.cuMemGetInfo_v2(&free_b, &total_b) != CUDA_SUCCESS) {
       if (!said)
-        PS_CU(info);
+        ps_log(PS_LOG_WARN, "memory samples carry psshim's own counts only: cuMemGetInfo failed");
       said = true;
       free_b = total_b = 0;
     }
@@ -106,9 +111,22 @@ static void *sample_main(void *arg)
                                       .nonmodel_gpu_bytes = used > gpu ? used - gpu : 0,
                                       .device_free_bytes = free_b}};
     pst_trace_emit(&r);
+    atomic_store(&in_sample, false);
     nanosleep(&period_ts, NULL);
   }
+  atomic_store(&in_sample, false);
   return NULL;
+}
+
+/* Stops the sampler and waits (a little) for a sample in progress: the CUDA runtime's
+ * exit handlers destroy the context under it. Registered with atexit after the runtime's
+ * own, so it runs before them. */
+static void stop_sampling(void)
+{
+  atomic_store(&sampling, false);
+  struct timespec ms = {.tv_nsec = 1000000};
+  for (int i = 0; i < 200 && atomic_load(&in_sample); i++)
+    nanosleep(&ms, NULL);
 }
 
 bool pst_session_start(const struct pst_trace_header *h)
@@ -124,10 +142,12 @@ bool pst_session_start(const struct pst_trace_header *h)
     atomic_store(&sampling, true);
     /* Detached: at exit it may be waiting for a lock a dying thread holds, and the
      * process must not wait for it. */
-    if (pthread_create(&sampler, NULL, sample_main, NULL) == 0)
+    if (pthread_create(&sampler, NULL, sample_main, NULL) == 0) {
       pthread_detach(sampler);
-    else
+      atexit(stop_sampling);
+    } else {
       atomic_store(&sampling, false);
+    }
   }
   return observed;
 }
@@ -135,7 +155,7 @@ bool pst_session_start(const struct pst_trace_header *h)
 void pst_session_end(void)
 {
   /* At exit the CUDA runtime may already be torn down: no CUPTI calls here. */
-  atomic_store(&sampling, false);
+  stop_sampling();
   pst_trace_close();
   pthread_mutex_lock(&period_lock);
   psp_period_free(detector);

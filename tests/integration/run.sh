@@ -55,7 +55,8 @@ PY
   ;;
 train_auto)
   # The pager (PSSHIM_POLICY=auto) moving chunks while the loop runs, with the fake driver
-  # slowing copies, events and kernels so migrations overlap launches. 30 steps: the
+  # slowing copies, events and kernels so migrations overlap launches, in-place reads made
+  # dear so that moves pay whatever the test driver's cost. 30 steps: the
   # period is adopted after about 14 of them (on this loop's 24 launches).
   native=$("$prog" 30 8 4) || fail "native run: $native"
   echo "native:      $native"
@@ -63,7 +64,8 @@ train_auto)
     read -r copy_us event_us kernel_us <<<"$delays"
     for budget in 48M 24M 8M; do
       out=$(FAKECUDA_COPY_DELAY_US=$copy_us FAKECUDA_EVENT_DELAY_US=$event_us FAKECUDA_KERNEL_DELAY_US=$kernel_us \
-        under_psshim PSSHIM_POLICY=auto PSSHIM_RUNAHEAD=4 PSSHIM_CUPTI="$FAKE_CUPTI" PSSHIM_GPU_BUDGET=$budget PSSHIM_HOST_BUDGET=256M \
+        under_psshim PSSHIM_POLICY=auto PSSHIM_RUNAHEAD=4 PSSHIM_INPLACE_RATE=1M PSSHIM_CUPTI="$FAKE_CUPTI" \
+        PSSHIM_GPU_BUDGET=$budget PSSHIM_HOST_BUDGET=256M \
         PSSHIM_STATS="$tmp/s.json" "$prog" 30 8 4) || fail "auto, budget $budget, delays $delays: $out"
       echo "auto $budget (delays $delays): $out"
       [ "${out%, psshim*}" = "${native%, psshim*}" ] || fail "auto, budget $budget: results differ from the native run"
@@ -103,7 +105,7 @@ replay)
   # autocast, fused AdamW) replayed under auto at a budget 2/3 of its peak: its kernels
   # read a byte at every pointer they were given, so a touch of an unmapped chunk faults.
   trace="$(dirname "$0")/../../bench/results/gpt_small.trace"
-  out=$(FAKECUDA_DEVICE_MEM=4G FAKECUDA_HOST_MEM=8G under_psshim PSSHIM_CUPTI="$FAKE_CUPTI" PSSHIM_POLICY=auto \
+  out=$(FAKECUDA_DEVICE_MEM=4G FAKECUDA_HOST_MEM=8G under_psshim PSSHIM_CUPTI="$FAKE_CUPTI" PSSHIM_POLICY=auto PSSHIM_INPLACE_RATE=1M \
     PSSHIM_GPU_BUDGET=1000M PSSHIM_STATS="$tmp/s.json" "$prog" "$trace") || fail "replay: $out"
   echo "$out"
   python3 - "$tmp/s.json" <<'PY' || fail "replay: stats"

@@ -5,7 +5,10 @@
  * the pager meets a real framework's pattern (torch's autograd, autocast, fused optimizer)
  * on the CPU; PSSHIM_STATS then tells what it did. Each kernel reads a byte at every
  * pointer it is given, so a touch of an unmapped chunk faults.
- * Usage: trace_replay TRACE */
+ * Usage: trace_replay [--scale N] TRACE
+ * --scale N divides every size and every offset into an allocation by N, so a trace of a
+ * model larger than this machine replays here in proportion (with PSSHIM_CHUNK_SIZE and
+ * the budgets divided by N too). */
 #define SIM_NAME "trace_replay"
 #include "tests/integration/sim.h"
 #include "tracer/tracer.h"
@@ -29,6 +32,12 @@ struct live { /* a traced allocation alive in the replay */
 
 static struct live *lives;
 static size_t nlives, cap_lives;
+static uint64_t scale = 1;
+
+static uint64_t scaled(uint64_t bytes)
+{
+  return bytes ? (bytes + scale - 1) / scale : 0;
+}
 
 static void *grow(void *p, size_t *cap, size_t need, size_t elem)
 {
@@ -68,13 +77,25 @@ static size_t upper(uint64_t addr)
   return lo;
 }
 
+/* The live allocation holding a traced pointer, else NULL. */
+static const struct live *holder(uint64_t p)
+{
+  size_t i = upper(p);
+  return i && p < lives[i - 1].addr + lives[i - 1].size ? &lives[i - 1] : NULL;
+}
+
 /* The replay's address for a traced pointer inside a live allocation, else 0. */
 static CUdeviceptr translate(uint64_t p)
 {
-  size_t i = upper(p);
-  if (!i || p >= lives[i - 1].addr + lives[i - 1].size)
-    return 0;
-  return lives[i - 1].now + (p - lives[i - 1].addr);
+  const struct live *l = holder(p);
+  return l ? l->now + (p - l->addr) / scale : 0;
+}
+
+/* The replay's address for traced [p, p + bytes) inside one live allocation, else 0. */
+static CUdeviceptr translate_range(uint64_t p, uint64_t bytes)
+{
+  const struct live *l = holder(p);
+  return l && bytes && holder(p + bytes - 1) == l ? translate(p) : 0;
 }
 
 static int by_time(const void *x, const void *y)
@@ -144,7 +165,7 @@ static CUstream stream_for(uint64_t traced)
 static void replay_alloc(const struct event *e)
 {
   CUdeviceptr p;
-  check(cudaMallocAsync((void **)&p, e->b, (cudaStream_t)stream_for(e->c)), "cudaMallocAsync");
+  check(cudaMallocAsync((void **)&p, scaled(e->b), (cudaStream_t)stream_for(e->c)), "cudaMallocAsync");
   size_t i = upper(e->a);
   if (i && lives[i - 1].addr == e->a) { /* traced twice without a free between: keep the newer */
     lives[i - 1] = (struct live){e->a, e->b, p};
@@ -180,19 +201,27 @@ static void replay_launch(const struct event *e)
 
 static void replay_copy(const struct event *e)
 {
-  CUdeviceptr dst = translate(e->c), src = translate(e->b);
-  if (!dst || translate(e->c + e->a - 1) != dst + e->a - 1)
+  CUdeviceptr dst = translate_range(e->c, e->a), src = translate_range(e->b, e->a);
+  if (!dst || !(e->a / scale))
     return; /* not within one live allocation: nothing of the replay's to touch */
   if (e->kind == PST_COPY_MEMSET)
-    check_cu(cuMemsetD8Async(dst, 0, e->a, stream_for(e->stream)), "cuMemsetD8Async");
-  else if (e->kind == PST_COPY_D2D && src && translate(e->b + e->a - 1) == src + e->a - 1)
-    check_cu(cuMemcpyDtoDAsync(dst, src, e->a, stream_for(e->stream)), "cuMemcpyDtoDAsync");
+    check_cu(cuMemsetD8Async(dst, 0, e->a / scale, stream_for(e->stream)), "cuMemsetD8Async");
+  else if (e->kind == PST_COPY_D2D && src)
+    check_cu(cuMemcpyDtoDAsync(dst, src, e->a / scale, stream_for(e->stream)), "cuMemcpyDtoDAsync");
 }
 
 int main(int argc, char **argv)
 {
-  if (argc != 2) {
-    fprintf(stderr, "usage: trace_replay TRACE\n");
+  if (argc == 4 && !strcmp(argv[1], "--scale")) {
+    char *end;
+    scale = strtoull(argv[2], &end, 10);
+    if (*end || !scale)
+      scale = 0;
+    argv += 2;
+    argc -= 2;
+  }
+  if (argc != 2 || !scale) {
+    fprintf(stderr, "usage: trace_replay [--scale N] TRACE\n");
     return 2;
   }
   char err[256];

@@ -293,6 +293,26 @@ static void test_phase_max(void **state)
   assert_int_equal(psp_phase_ahead(&m, 2500, 10), 3); /* unknown slice: the most anywhere */
 }
 
+/* Whether a move pays: a use in place costs 400 us (16 MiB at ~40 GB/s), a move 300 us. */
+static void test_move_pays(void **state)
+{
+  (void)state;
+  const uint64_t use = 400000, move = 300000;
+  assert_false(psp_fetch_pays(1, use, move)); /* 400 < two moves (600) */
+  assert_true(psp_fetch_pays(2, use, move));  /* 800 > 600 */
+  assert_false(psp_fetch_pays(0, use, 0));    /* unused: nothing to save, even for free */
+  assert_true(psp_fetch_pays(1, use, 0));     /* moves not yet measured: free */
+  /* a swap pays for its four moves (1200) only with what it saves beyond the victim's uses */
+  assert_false(psp_swap_pays(3, 1, use, move)); /* 2 x 400 = 800 */
+  assert_true(psp_swap_pays(5, 1, use, move));  /* 4 x 400 = 1600 */
+  assert_false(psp_swap_pays(1, 3, use, 0));    /* more uses out than in: a loss, even for free */
+  assert_false(psp_swap_pays(2, 2, use, 0));
+  assert_true(psp_swap_pays(3, 2, use, 0));
+  /* at the boundary: exactly the moves' cost is no gain */
+  assert_false(psp_fetch_pays(3, 200000, 300000));
+  assert_false(psp_swap_pays(4, 1, 400000, 300000));
+}
+
 /* Next use from recent uses: against the truth of a strictly periodic use pattern. */
 static void test_predict_next(void **state)
 {
@@ -325,7 +345,7 @@ int main(void)
       cmocka_unit_test(test_build),          cmocka_unit_test(test_next_use_wraps),
       cmocka_unit_test(test_next_use_brute), cmocka_unit_test(test_margin_brute),
       cmocka_unit_test(test_victim_opt),     cmocka_unit_test(test_victim_lru),
-      cmocka_unit_test(test_predict_next),
+      cmocka_unit_test(test_predict_next),   cmocka_unit_test(test_move_pays),
       cmocka_unit_test(test_sort_farthest),
       cmocka_unit_test(test_phase_max),
   };

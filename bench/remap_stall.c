@@ -1,0 +1,145 @@
+/* What does remapping an idle 16 MiB range (cuMemUnmap + cuMemMap + cuMemSetAccess) cost,
+ * and does it slow the GPU work running beside it? The pager remaps hundreds of chunks a
+ * step while kernels run. One stream runs a fixed queue of large memsets (the "kernels");
+ * the host thread that queues them remaps a separate, idle range every K memsets, as the
+ * launching thread does under psshim, between two device frames or between a device and
+ * a host (HOST_NUMA) frame, with or without 2000 other 16 MiB chunks mapped in the same
+ * reservation (as psshim's chunk space has). Prints, per case, the GPU time of the queue
+ * (events) against the same queue with no remaps, and the host time of each call:
+ *   {"frames": F, "others": N, "remap_every": K, "remaps": R, "gpu_ms": G, "base_gpu_ms": B,
+ *    "unmap_us": U, "map_us": M, "access_us": A}
+ * Build: cc -O2 -I$CUDA/include bench/remap_stall.c -L$CUDA/lib64 -lcuda -o remap_stall */
+#include <cuda.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#define CHECK(call)                                                                      \
+  do {                                                                                   \
+    CUresult r_ = (call);                                                                \
+    if (r_ != CUDA_SUCCESS) {                                                            \
+      const char *name_ = NULL;                                                          \
+      cuGetErrorName(r_, &name_);                                                        \
+      fprintf(stderr, "remap_stall: %s failed: %s\n", #call, name_ ? name_ : "?");      \
+      exit(1);                                                                           \
+    }                                                                                    \
+  } while (0)
+
+enum { MEMSETS = 3000, WORK_BYTES = 256 << 20, CHUNK = 16 << 20, OTHERS = 2000 };
+
+static double now_us(void)
+{
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
+}
+
+struct range {
+  CUdeviceptr va; /* the remapped chunk: the first of the reservation */
+  CUmemGenericAllocationHandle frames[2];
+  CUmemAccessDesc access;
+  int mapped;
+  double unmap_us, map_us, access_us;
+};
+
+static void remap(struct range *r)
+{
+  double t0 = now_us();
+  CHECK(cuMemUnmap(r->va, CHUNK));
+  double t1 = now_us();
+  r->mapped ^= 1;
+  CHECK(cuMemMap(r->va, CHUNK, 0, r->frames[r->mapped], 0));
+  double t2 = now_us();
+  CHECK(cuMemSetAccess(r->va, CHUNK, &r->access, 1));
+  double t3 = now_us();
+  r->unmap_us += t1 - t0;
+  r->map_us += t2 - t1;
+  r->access_us += t3 - t2;
+}
+
+/* Queues MEMSETS memsets, remapping every `every` of them (0: never); returns the GPU ms. */
+static float run_queue(CUstream s, CUdeviceptr work, struct range *r, int every, int *remaps)
+{
+  CUevent start, stop;
+  CHECK(cuEventCreate(&start, CU_EVENT_DEFAULT));
+  CHECK(cuEventCreate(&stop, CU_EVENT_DEFAULT));
+  CHECK(cuEventRecord(start, s));
+  for (int i = 0; i < MEMSETS; i++) {
+    CHECK(cuMemsetD32Async(work, (unsigned)i, WORK_BYTES / 4, s));
+    if (every && i % every == every - 1) {
+      remap(r);
+      (*remaps)++;
+    }
+  }
+  CHECK(cuEventRecord(stop, s));
+  CHECK(cuEventSynchronize(stop));
+  float ms = 0;
+  CHECK(cuEventElapsedTime(&ms, start, stop));
+  CHECK(cuEventDestroy(start));
+  CHECK(cuEventDestroy(stop));
+  return ms;
+}
+
+static CUmemGenericAllocationHandle make_frame(CUmemLocation where)
+{
+  CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED, .location = where};
+  CUmemGenericAllocationHandle h;
+  CHECK(cuMemCreate(&h, CHUNK, &prop, 0));
+  return h;
+}
+
+/* One case: frames[1] on the host or not, `others` more chunks mapped after the first. */
+static void run_case(CUstream s, CUdeviceptr work, CUdevice dev, int host, int others)
+{
+  CUmemLocation gpu = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev};
+  CUmemLocation numa = {.type = CU_MEM_LOCATION_TYPE_HOST_NUMA, .id = 0};
+  struct range r = {.access = {.location = gpu, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE}};
+  size_t span = (size_t)(others + 1) * CHUNK;
+  CHECK(cuMemAddressReserve(&r.va, span, 0, 0, 0));
+  r.frames[0] = make_frame(gpu);
+  r.frames[1] = make_frame(host ? numa : gpu);
+  CUmemGenericAllocationHandle other = others ? make_frame(gpu) : 0;
+  for (int i = 0; i <= others; i++) { /* the others all share one frame: only mappings count */
+    CHECK(cuMemMap(r.va + (size_t)i * CHUNK, CHUNK, 0, i ? other : r.frames[0], 0));
+    CHECK(cuMemSetAccess(r.va + (size_t)i * CHUNK, CHUNK, &r.access, 1));
+  }
+  int none = 0;
+  run_queue(s, work, &r, 4, &none); /* warm-up */
+  const int every[] = {1, 16};
+  for (size_t k = 0; k < sizeof every / sizeof every[0]; k++) {
+    int remaps = 0;
+    r.unmap_us = r.map_us = r.access_us = 0;
+    float base = run_queue(s, work, &r, 0, &none);
+    float ms = run_queue(s, work, &r, every[k], &remaps);
+    printf("{\"frames\": \"%s\", \"others\": %d, \"remap_every\": %d, \"remaps\": %d, \"gpu_ms\": %.2f, "
+           "\"base_gpu_ms\": %.2f, \"unmap_us\": %.1f, \"map_us\": %.1f, \"access_us\": %.1f}\n",
+           host ? "device<->host" : "device<->device", others, every[k], remaps, ms, base, r.unmap_us / remaps,
+           r.map_us / remaps, r.access_us / remaps);
+  }
+  CHECK(cuMemUnmap(r.va, span));
+  CHECK(cuMemRelease(r.frames[0]));
+  CHECK(cuMemRelease(r.frames[1]));
+  if (others)
+    CHECK(cuMemRelease(other));
+  CHECK(cuMemAddressFree(r.va, span));
+}
+
+int main(void)
+{
+  CUdevice dev;
+  CUcontext ctx;
+  CUstream s;
+  CUdeviceptr work;
+  CHECK(cuInit(0));
+  CHECK(cuDeviceGet(&dev, 0));
+  CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
+  CHECK(cuCtxSetCurrent(ctx));
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CHECK(cuMemAlloc(&work, WORK_BYTES));
+  for (int host = 0; host < 2; host++)
+    for (int others = 0; others <= OTHERS; others += OTHERS)
+      run_case(s, work, dev, host, others);
+  CHECK(cuMemFree(work));
+  CHECK(cuStreamDestroy(s));
+  return 0;
+}
