@@ -38,15 +38,17 @@ static struct span *carve_in(struct device *d, enum psa_where w, uint64_t size, 
   return best;
 }
 
-/* Static placement: room in GPU spans, then a new span (GPU frames while the budget
- * lasts), then room in host spans, then a new span of whatever frames are left. */
+/* Static placement: room in GPU spans; once GPU frames run out, room in host spans; then
+ * a span grown (GPU spans first) or a new one, on GPU frames while the budget lasts, then
+ * on host frames. */
 static struct span *place(struct device *d, uint64_t size, CUstream stream, uint64_t *off)
 {
   struct span *s = carve_in(d, PSA_GPU, size, stream, off);
   if (s)
     return s;
   uint64_t nchunks = (size + d->chunk_size - 1) / d->chunk_size;
-  if (!psa_gpu_frame_available(d) && (s = carve_in(d, PSA_HOST, size, stream, off)))
+  if ((!psa_gpu_frame_available(d) && (s = carve_in(d, PSA_HOST, size, stream, off))) ||
+      (s = psa_span_extend(d, PSA_GPU, size, stream, off)) || (s = psa_span_extend(d, PSA_HOST, size, stream, off)))
     return s;
   s = psa_span_new(d, nchunks);
   if (s)

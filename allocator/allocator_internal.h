@@ -144,6 +144,10 @@ extern bool psa_forked_child;
 struct device *psa_device_get(int ordinal); /* sets the device up on first use; NULL on failure */
 void psa_digest_alloc(struct device *d, uint64_t size);
 bool psa_chunks_reserve(struct device *d, uint64_t n, uint64_t *first);
+/* Whether chunks [first, first + n) exist and are unreserved. */
+bool psa_chunks_free(const struct device *d, uint64_t first, uint64_t n);
+/* Notes that chunks below end may be reserved (scans stop at d->chunks_high). */
+void psa_chunks_note_high(struct device *d, uint64_t end);
 void psa_chunks_unreserve(struct device *d, uint64_t first, uint64_t n);
 CUresult psa_map(struct device *d, CUdeviceptr va, CUmemGenericAllocationHandle h);
 
@@ -166,6 +170,10 @@ void psa_span_delete(struct device *d, struct span *s);
  * ranges whole for big tensors), or -1; then carving size bytes from its start. */
 int64_t psa_span_best(struct device *d, struct span *s, uint64_t size, CUstream stream);
 uint64_t psa_span_take(struct device *d, struct span *s, uint32_t i, uint64_t size);
+/* Places size bytes in the free tail of a span of list w, growing it into the unreserved
+ * chunks after it, when that takes fewer new chunks than a span of their own; NULL if no
+ * span can. */
+struct span *psa_span_extend(struct device *d, enum psa_where w, uint64_t size, CUstream stream, uint64_t *off);
 void psa_span_release(struct device *d, struct span *s, uint64_t off, uint64_t size, CUstream stream,
                       CUevent ev);
 bool psa_span_idle(struct device *d, struct span *s);

@@ -253,13 +253,28 @@ bool psa_chunks_reserve(struct device *d, uint64_t n, uint64_t *first)
       if (run == n) {
         *first = i + 1 - n;
         d->chunk_hint = i + 1 < d->nchunks ? i + 1 : 0;
-        if (i + 1 > d->chunks_high)
-          d->chunks_high = i + 1;
+        psa_chunks_note_high(d, i + 1);
         return true;
       }
     }
   }
   return false;
+}
+
+bool psa_chunks_free(const struct device *d, uint64_t first, uint64_t n)
+{
+  if (first + n > d->nchunks)
+    return false;
+  for (uint64_t i = first; i < first + n; i++)
+    if (d->chunks[i].span)
+      return false;
+  return true;
+}
+
+void psa_chunks_note_high(struct device *d, uint64_t end)
+{
+  if (end > d->chunks_high)
+    d->chunks_high = end;
 }
 
 void psa_chunks_unreserve(struct device *d, uint64_t first, uint64_t n)

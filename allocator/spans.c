@@ -240,23 +240,29 @@ void psa_trace_chunk(struct device *d, uint64_t chunk, uint32_t event)
   pst_trace_emit(&r);
 }
 
-void psa_span_delete(struct device *d, struct span *s)
+/* Unmaps the chunks of [first, first + n) that have frames and gives the frames back. */
+static void unmap_chunks(struct device *d, uint64_t first, uint64_t n)
 {
-  list_remove(d, s);
-  for (uint64_t i = 0; i < s->nchunks; i++) {
-    struct chunk *c = &d->chunks[s->first_chunk + i];
+  for (uint64_t i = first; i < first + n; i++) {
+    struct chunk *c = &d->chunks[i];
     if (c->frame == PSA_NO_FRAME)
       continue;
     if (c->frame == psa_shared_frame(d)) {
-      psa_shard_drop(d, s->first_chunk + i);
+      psa_shard_drop(d, i);
     } else {
-      PS_CU(ps_driver.cuMemUnmap(d->base + (s->first_chunk + i) * d->chunk_size, d->chunk_size));
+      PS_CU(ps_driver.cuMemUnmap(d->base + i * d->chunk_size, d->chunk_size));
       psa_frame_give(d, c->frame);
     }
     c->frame = PSA_NO_FRAME;
     d->stats.mapped_chunk_bytes -= d->chunk_size;
-    psa_trace_chunk(d, s->first_chunk + i, PST_CHUNK_RELEASED);
+    psa_trace_chunk(d, i, PST_CHUNK_RELEASED);
   }
+}
+
+void psa_span_delete(struct device *d, struct span *s)
+{
+  list_remove(d, s);
+  unmap_chunks(d, s->first_chunk, s->nchunks);
   psa_chunks_unreserve(d, s->first_chunk, s->nchunks);
   for (uint32_t i = 0; i < s->nranges; i++)
     psa_event_put(d, s->ranges[i].event);
@@ -301,6 +307,42 @@ static uint32_t frame_for_chunk(struct device *d)
   return PSA_NO_FRAME;
 }
 
+/* Gives s the unreserved chunks [first, first + n) and maps a frame under each (the lock
+ * may drop while frames are taken: s->building keeps the pager off s). False when frames
+ * run out: then the chunks are unmapped and unreserved again. */
+static bool add_chunks(struct device *d, struct span *s, uint64_t first, uint64_t n)
+{
+  for (uint64_t i = first; i < first + n; i++) {
+    struct chunk *c = &d->chunks[i];
+    c->span = s;
+    /* A new life: the previous tenant's uses say nothing about this one's. */
+    memset(c->uses, 0, sizeof c->uses);
+    c->use_pos = 0;
+    c->last_use = 0;
+    c->next_use = 0;
+  }
+  psa_chunks_note_high(d, first + n);
+  bool building = s->building;
+  s->building = true;
+  for (uint64_t i = first; i < first + n; i++) {
+    uint32_t f = frame_for_chunk(d);
+    CUresult r = f == PSA_NO_FRAME ? CUDA_ERROR_OUT_OF_MEMORY : psa_map(d, d->base + i * d->chunk_size, d->frames[f].handle);
+    if (r) {
+      if (f != PSA_NO_FRAME)
+        psa_frame_give(d, f);
+      unmap_chunks(d, first, i - first);
+      psa_chunks_unreserve(d, first, n);
+      s->building = building;
+      return false;
+    }
+    d->chunks[i].frame = f;
+    d->stats.mapped_chunk_bytes += d->chunk_size;
+    psa_trace_chunk(d, i, d->frames[f].where == PSA_GPU ? PST_CHUNK_FRAME_GPU : PST_CHUNK_FRAME_HOST);
+  }
+  s->building = building;
+  return true;
+}
+
 struct span *psa_span_new(struct device *d, uint64_t nchunks)
 {
   uint64_t first;
@@ -310,36 +352,17 @@ struct span *psa_span_new(struct device *d, uint64_t nchunks)
   struct span *s = calloc(1, sizeof *s);
   if (!s || !grow(s)) {
     free(s);
+    psa_chunks_unreserve(d, first, nchunks);
     return NULL;
   }
   s->first_chunk = first;
   s->nchunks = nchunks;
   s->building = true;
   s->last_alloc = d->clock;
-  for (uint64_t i = 0; i < nchunks; i++) {
-    struct chunk *c = &d->chunks[first + i];
-    c->span = s;
-    /* A new life: the previous tenant's uses say nothing about this one's. */
-    memset(c->uses, 0, sizeof c->uses);
-    c->use_pos = 0;
-    c->last_use = 0;
-    c->next_use = 0;
-  }
-  for (uint64_t i = 0; i < nchunks; i++) {
-    uint32_t f = frame_for_chunk(d);
-    CUresult r = f == PSA_NO_FRAME ? CUDA_ERROR_OUT_OF_MEMORY : psa_map(d, d->base + (first + i) * d->chunk_size, d->frames[f].handle);
-    if (r) {
-      if (f != PSA_NO_FRAME)
-        psa_frame_give(d, f);
-      s->where = PSA_HOST;
-      s->nranges = 0;
-      list_insert(d, s); /* so delete can unlink it */
-      psa_span_delete(d, s);
-      return NULL;
-    }
-    d->chunks[first + i].frame = f;
-    d->stats.mapped_chunk_bytes += d->chunk_size;
-    psa_trace_chunk(d, first + i, d->frames[f].where == PSA_GPU ? PST_CHUNK_FRAME_GPU : PST_CHUNK_FRAME_HOST);
+  if (!add_chunks(d, s, first, nchunks)) {
+    free(s->ranges);
+    free(s);
+    return NULL;
   }
   s->ranges[0] = (struct range){.off = 0, .len = nchunks * d->chunk_size};
   s->nranges = 1;
@@ -347,4 +370,41 @@ struct span *psa_span_new(struct device *d, uint64_t nchunks)
   s->building = false;
   list_insert(d, s);
   return s;
+}
+
+/* A tensor larger than a chunk leaves the free tail of its span's last chunk to smaller
+ * tensors, and models have few of those: on the 2.68B GPT a tenth of the chunk bytes held
+ * nothing. So a tensor may instead start in the free tail of a span whose next chunks are
+ * unreserved, growing the span into them, when that takes fewer new chunks than a span of
+ * its own: tensors made one after another (a model's parameters, its optimizer state) then
+ * lie back to back. */
+struct span *psa_span_extend(struct device *d, enum psa_where w, uint64_t size, CUstream stream, uint64_t *off)
+{
+  uint64_t c = d->chunk_size, own = (size + c - 1) / c;
+  for (struct span *s = d->spans[w]; s; s = s->next) {
+    if (!s->nranges || s->building)
+      continue;
+    uint32_t i = settle(d, s, s->nranges - 1);
+    struct range tail = s->ranges[i];
+    uint64_t next = s->first_chunk + s->nchunks, more = tail.len < size ? (size - tail.len + c - 1) / c : own;
+    if (tail.off + tail.len != s->nchunks * c || (tail.pending && tail.stream != stream) || more >= own ||
+        !psa_chunks_free(d, next, more))
+      continue;
+    /* The tail leaves the span while frames are taken (the lock may drop), so no other
+     * allocation carves it and the span cannot look idle and be reclaimed. */
+    remove_at(s, i);
+    if (!add_chunks(d, s, next, more)) {
+      psa_span_release(d, s, tail.off, tail.len, tail.stream, tail.event);
+      return NULL;
+    }
+    psa_event_put(d, tail.event); /* pending on this stream: its later work runs after the free */
+    s->nchunks += more;
+    uint64_t end = s->nchunks * c;
+    if (tail.off + size < end)
+      psa_span_release(d, s, tail.off + size, end - (tail.off + size), stream, NULL);
+    psa_span_relist(d, s);
+    *off = tail.off;
+    return s;
+  }
+  return NULL;
 }

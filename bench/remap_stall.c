@@ -4,10 +4,12 @@
  * the host thread that queues them remaps a separate, idle range every K memsets, as the
  * launching thread does under psshim, between two device frames or between a device and
  * a host (HOST_NUMA) frame, with or without 2000 other 16 MiB chunks mapped in the same
- * reservation (as psshim's chunk space has). Prints, per case, the GPU time of the queue
- * (events) against the same queue with no remaps, and the host time of each call:
- *   {"frames": F, "others": N, "remap_every": K, "remaps": R, "gpu_ms": G, "base_gpu_ms": B,
- *    "unmap_us": U, "map_us": M, "access_us": A}
+ * reservation (as psshim's chunk space has), and with or without a copy just queued on a
+ * second stream that reads the range's frame through another mapping (as the pager's
+ * copies read a frame through its staging address). Prints, per case, the GPU time of the
+ * queue (events) against the same queue with no remaps, and the host time of each call:
+ *   {"frames": F, "others": N, "copy_in_flight": C, "remap_every": K, "remaps": R,
+ *    "gpu_ms": G, "base_gpu_ms": B, "unmap_us": U, "map_us": M, "access_us": A}
  * Build: cc -O2 -I$CUDA/include bench/remap_stall.c -L$CUDA/lib64 -lcuda -o remap_stall */
 #include <cuda.h>
 #include <stdio.h>
@@ -36,6 +38,9 @@ static double now_us(void)
 
 struct range {
   CUdeviceptr va; /* the remapped chunk: the first of the reservation */
+  CUdeviceptr staging; /* both frames again, mapped side by side: what copies read */
+  CUdeviceptr scratch; /* where they copy to */
+  CUstream copy_stream; /* NULL: no copy before each remap */
   CUmemGenericAllocationHandle frames[2];
   CUmemAccessDesc access;
   int mapped;
@@ -44,6 +49,8 @@ struct range {
 
 static void remap(struct range *r)
 {
+  if (r->copy_stream)
+    CHECK(cuMemcpyAsync(r->scratch, r->staging + (size_t)r->mapped * CHUNK, CHUNK, r->copy_stream));
   double t0 = now_us();
   CHECK(cuMemUnmap(r->va, CHUNK));
   double t1 = now_us();
@@ -88,8 +95,9 @@ static CUmemGenericAllocationHandle make_frame(CUmemLocation where)
   return h;
 }
 
-/* One case: frames[1] on the host or not, `others` more chunks mapped after the first. */
-static void run_case(CUstream s, CUdeviceptr work, CUdevice dev, int host, int others)
+/* One case: frames[1] on the host or not, `others` more chunks mapped after the first, a
+ * copy queued before each remap or not. */
+static void run_case(CUstream s, CUdeviceptr work, CUdevice dev, int host, int others, CUstream copy_stream)
 {
   CUmemLocation gpu = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev};
   CUmemLocation numa = {.type = CU_MEM_LOCATION_TYPE_HOST_NUMA, .id = 0};
@@ -99,6 +107,13 @@ static void run_case(CUstream s, CUdeviceptr work, CUdevice dev, int host, int o
   r.frames[0] = make_frame(gpu);
   r.frames[1] = make_frame(host ? numa : gpu);
   CUmemGenericAllocationHandle other = others ? make_frame(gpu) : 0;
+  r.copy_stream = copy_stream;
+  CHECK(cuMemAddressReserve(&r.staging, 2 * CHUNK, 0, 0, 0));
+  for (int i = 0; i < 2; i++) {
+    CHECK(cuMemMap(r.staging + (size_t)i * CHUNK, CHUNK, 0, r.frames[i], 0));
+    CHECK(cuMemSetAccess(r.staging + (size_t)i * CHUNK, CHUNK, &r.access, 1));
+  }
+  CHECK(cuMemAlloc(&r.scratch, CHUNK));
   for (int i = 0; i <= others; i++) { /* the others all share one frame: only mappings count */
     CHECK(cuMemMap(r.va + (size_t)i * CHUNK, CHUNK, 0, i ? other : r.frames[0], 0));
     CHECK(cuMemSetAccess(r.va + (size_t)i * CHUNK, CHUNK, &r.access, 1));
@@ -111,11 +126,16 @@ static void run_case(CUstream s, CUdeviceptr work, CUdevice dev, int host, int o
     r.unmap_us = r.map_us = r.access_us = 0;
     float base = run_queue(s, work, &r, 0, &none);
     float ms = run_queue(s, work, &r, every[k], &remaps);
-    printf("{\"frames\": \"%s\", \"others\": %d, \"remap_every\": %d, \"remaps\": %d, \"gpu_ms\": %.2f, "
-           "\"base_gpu_ms\": %.2f, \"unmap_us\": %.1f, \"map_us\": %.1f, \"access_us\": %.1f}\n",
-           host ? "device<->host" : "device<->device", others, every[k], remaps, ms, base, r.unmap_us / remaps,
+    printf("{\"frames\": \"%s\", \"others\": %d, \"copy_in_flight\": %d, \"remap_every\": %d, \"remaps\": %d, "
+           "\"gpu_ms\": %.2f, \"base_gpu_ms\": %.2f, \"unmap_us\": %.1f, \"map_us\": %.1f, \"access_us\": %.1f}\n",
+           host ? "device<->host" : "device<->device", others, copy_stream != NULL, every[k], remaps, ms, base,
+           r.unmap_us / remaps,
            r.map_us / remaps, r.access_us / remaps);
   }
+  CHECK(cuCtxSynchronize());
+  CHECK(cuMemUnmap(r.staging, 2 * CHUNK));
+  CHECK(cuMemAddressFree(r.staging, 2 * CHUNK));
+  CHECK(cuMemFree(r.scratch));
   CHECK(cuMemUnmap(r.va, span));
   CHECK(cuMemRelease(r.frames[0]));
   CHECK(cuMemRelease(r.frames[1]));
@@ -136,9 +156,14 @@ int main(void)
   CHECK(cuCtxSetCurrent(ctx));
   CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
   CHECK(cuMemAlloc(&work, WORK_BYTES));
-  for (int host = 0; host < 2; host++)
-    for (int others = 0; others <= OTHERS; others += OTHERS)
-      run_case(s, work, dev, host, others);
+  CUstream copies;
+  CHECK(cuStreamCreate(&copies, CU_STREAM_NON_BLOCKING));
+  for (int host = 0; host < 2; host++) {
+    run_case(s, work, dev, host, 0, NULL);
+    run_case(s, work, dev, host, OTHERS, NULL);
+    run_case(s, work, dev, host, 0, copies);
+  }
+  CHECK(cuStreamDestroy(copies));
   CHECK(cuMemFree(work));
   CHECK(cuStreamDestroy(s));
   return 0;

@@ -750,6 +750,57 @@ static void test_stream_ordered_free(void **state)
   assert_int_equal(in_child(stream_order, NULL), 0);
 }
 
+/* ---- tensors larger than a chunk lie back to back ---- */
+
+/* 3 MiB tensors in 2 MiB chunks: alone each takes two chunks and wastes one MiB. The
+ * second starts in the first's free tail, growing its span by one chunk; the third finds
+ * no tail and starts a span; the fourth grows that one. A span cannot grow into a chunk
+ * another span holds. With a 4 MiB GPU budget the grown chunks are host frames: every
+ * byte must still read back. */
+static void back_to_back(void *arg)
+{
+  (void)arg;
+  start("4M", "64M");
+  CUdeviceptr t[4], small;
+  for (int i = 0; i < 4; i++)
+    if (psa_alloc(0, 3 * MiB, PSA_SYNC_STREAM, &t[i]))
+      exit(50);
+  if (t[1] != t[0] + 3 * MiB || t[3] != t[2] + 3 * MiB) {
+    fprintf(stderr, "back_to_back: tensors at +%llu and +%llu MiB\n", (unsigned long long)((t[1] - t[0]) / MiB),
+            (unsigned long long)((t[3] - t[2]) / MiB));
+    exit(51);
+  }
+  struct psa_stats st;
+  psa_stats_get(&st);
+  if (st.mapped_chunk_bytes != 12 * MiB) /* 6 chunks, not 8 */
+    exit(52);
+  /* a 2 MiB tensor would take a chunk either way: it gets its own span, right after */
+  if (psa_alloc(0, 2 * MiB, PSA_SYNC_STREAM, &small) || small != t[3] + 3 * MiB)
+    exit(53);
+  CUdeviceptr last; /* t[0..1]'s span has no tail left, t[2..3]'s cannot grow past small */
+  if (psa_alloc(0, 3 * MiB, PSA_SYNC_STREAM, &last) || last == small + 2 * MiB + MiB)
+    exit(54);
+  for (int i = 0; i < 4; i++)
+    launch(fill_kernel, t[i], 3 * MiB, 60u + (uint64_t)i, 0);
+  launch(fill_kernel, last, 3 * MiB, 70, 0);
+  for (int i = 0; i < 4; i++)
+    launch(check_kernel, t[i], 3 * MiB, 60u + (uint64_t)i, 0);
+  launch(check_kernel, last, 3 * MiB, 70, 0);
+  ps_driver.cuCtxSynchronize();
+  if (atomic_load(&mismatches) || psa_chunk_where(0, (uint64_t)psa_chunk_of(t[1] + 2 * MiB, NULL)) != PSA_HOST)
+    exit(55);
+  for (int i = 0; i < 4; i++)
+    psa_free(t[i], 0, true);
+  psa_free(small, 0, true);
+  psa_free(last, 0, true);
+}
+
+static void test_tensors_back_to_back(void **state)
+{
+  (void)state;
+  assert_int_equal(in_child(back_to_back, NULL), 0);
+}
+
 /* ---- both budgets exhausted ---- */
 
 static void exhaust(void *arg)
@@ -904,6 +955,7 @@ int main(void)
 {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_stream_ordered_free),
+      cmocka_unit_test(test_tensors_back_to_back),
       cmocka_unit_test(test_both_budgets_exhausted),
       cmocka_unit_test(test_migrate_roundtrip),
       cmocka_unit_test(test_budget_above_device),
