@@ -39,8 +39,8 @@ static struct span *carve_in(struct device *d, enum psa_where w, uint64_t size, 
 }
 
 /* Static placement: room in GPU spans; once GPU frames run out, room in host spans; then
- * a span grown (GPU spans first) or a new one, on GPU frames while the budget lasts, then
- * on host frames. */
+ * the latest allocation's span grown, or a new one, on GPU frames while the budget lasts,
+ * then on host frames. */
 static struct span *place(struct device *d, uint64_t size, CUstream stream, uint64_t *off)
 {
   struct span *s = carve_in(d, PSA_GPU, size, stream, off);
@@ -48,7 +48,7 @@ static struct span *place(struct device *d, uint64_t size, CUstream stream, uint
     return s;
   uint64_t nchunks = (size + d->chunk_size - 1) / d->chunk_size;
   if ((!psa_gpu_frame_available(d) && (s = carve_in(d, PSA_HOST, size, stream, off))) ||
-      (s = psa_span_extend(d, PSA_GPU, size, stream, off)) || (s = psa_span_extend(d, PSA_HOST, size, stream, off)))
+      (s = psa_span_extend(d, size, stream, off)))
     return s;
   s = psa_span_new(d, nchunks);
   if (s)
@@ -85,6 +85,7 @@ CUresult psa_alloc(int ordinal, size_t size, CUstream stream, CUdeviceptr *p)
   }
   s->live_bytes += asize;
   s->live_allocs++;
+  d->last_span = s;
   s->last_alloc = d->clock;
   psa_digest_alloc(d, asize);
   d->stats.allocs++;

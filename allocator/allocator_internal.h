@@ -100,6 +100,7 @@ struct device {
   bool host_numa; /* HOST_NUMA frames work; else plain HOST */
   bool node_budget_said;
   struct span *spans[3]; /* by where: GPU and HOST lists */
+  struct span *last_span; /* the span that took the latest allocation (spans.c: only it grows) */
   uint64_t chunk_hint;
   uint64_t chunks_high; /* one past the highest chunk ever reserved: scans stop there */
   struct alloc_entry *map;
@@ -170,10 +171,10 @@ void psa_span_delete(struct device *d, struct span *s);
  * ranges whole for big tensors), or -1; then carving size bytes from its start. */
 int64_t psa_span_best(struct device *d, struct span *s, uint64_t size, CUstream stream);
 uint64_t psa_span_take(struct device *d, struct span *s, uint32_t i, uint64_t size);
-/* Places size bytes in the free tail of a span of list w, growing it into the unreserved
- * chunks after it, when that takes fewer new chunks than a span of their own; NULL if no
- * span can. */
-struct span *psa_span_extend(struct device *d, enum psa_where w, uint64_t size, CUstream stream, uint64_t *off);
+/* Places size bytes in the free tail of the span that took the latest allocation, growing
+ * it into the unreserved chunks after it, when that takes fewer new chunks than a span of
+ * their own; NULL if it cannot. */
+struct span *psa_span_extend(struct device *d, uint64_t size, CUstream stream, uint64_t *off);
 void psa_span_release(struct device *d, struct span *s, uint64_t off, uint64_t size, CUstream stream,
                       CUevent ev);
 bool psa_span_idle(struct device *d, struct span *s);
