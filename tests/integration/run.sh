@@ -104,20 +104,27 @@ replay)
   # A real torch run's trace (bench/results/gpt_small.trace: a small GPT, 30 steps, bf16
   # autocast, fused AdamW) replayed under auto at a budget 2/3 of its peak: its kernels
   # read a byte at every pointer they were given, so a touch of an unmapped chunk faults.
+  # Then scaled down 4x (sizes and offsets, budget with them), as a trace of a model larger
+  # than this machine is replayed.
   trace="$(dirname "$0")/../../bench/results/gpt_small.trace"
-  out=$(FAKECUDA_DEVICE_MEM=4G FAKECUDA_HOST_MEM=8G under_psshim PSSHIM_CUPTI="$FAKE_CUPTI" PSSHIM_POLICY=auto PSSHIM_INPLACE_RATE=1M \
-    PSSHIM_GPU_BUDGET=1000M PSSHIM_STATS="$tmp/s.json" "$prog" "$trace") || fail "replay: $out"
-  echo "$out"
-  python3 - "$tmp/s.json" <<'PY' || fail "replay: stats"
+  for scaled in "1 1000M" "4 250M"; do
+    read -r scale budget <<<"$scaled"
+    out=$(FAKECUDA_DEVICE_MEM=4G FAKECUDA_HOST_MEM=8G under_psshim PSSHIM_CUPTI="$FAKE_CUPTI" PSSHIM_POLICY=auto \
+      PSSHIM_INPLACE_RATE=1M PSSHIM_GPU_BUDGET=$budget PSSHIM_STATS="$tmp/s.json" "$prog" --scale $scale "$trace") ||
+      fail "replay at scale $scale: $out"
+    echo "scale $scale: $out"
+    python3 - "$tmp/s.json" $scale <<'PY' || fail "replay at scale $scale: stats"
 import json, sys
-s = json.load(open(sys.argv[1]))
+s, scale = json.load(open(sys.argv[1])), int(sys.argv[2])
 print(f"  period {s['period']}, moves to GPU {s['migrations_to_gpu']}, to host {s['migrations_to_host']}, "
       f"host touches {s['touches_host']} of {s['touches_gpu'] + s['touches_host']}, peak live {s['peak_live_bytes'] >> 20} MiB")
 assert s["period"] == 433, "the trace's 433-launch iteration was not found"
 assert s["migrations_to_gpu"] > 0 and s["migrations_to_host"] > 0, "the pager did not move chunks both ways"
 assert s["peak_live_bytes"] > s["gpu_budget"], "the budget does not make it page"
 assert s["peak_gpu_bytes"] <= s["gpu_budget"], "GPU budget exceeded"
+assert abs(s["peak_live_bytes"] * scale / 1516280832 - 1) < 0.01, "the scaled peak is not 1/scale of the full one"
 PY
+  done
   ;;
 ranks)
   # Two ranks of one node, started as torchrun starts them, each spilling 72 MiB of host
