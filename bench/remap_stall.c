@@ -4,11 +4,12 @@
  * the host thread that queues them remaps a separate, idle range every K memsets, as the
  * launching thread does under psshim, between two device frames or between a device and
  * a host (HOST_NUMA) frame, with or without 2000 other 16 MiB chunks mapped in the same
- * reservation (as psshim's chunk space has), and with or without a copy just queued on a
+ * reservation (as psshim's chunk space has; or 1024 mapped host frames, 16 GiB pinned, as
+ * psshim's host frames at 1.25x the budget), and with or without a copy just queued on a
  * second stream that reads the range's frame through another mapping (as the pager's
  * copies read a frame through its staging address). Prints, per case, the GPU time of the
  * queue (events) against the same queue with no remaps, and the host time of each call:
- *   {"frames": F, "others": N, "copy_in_flight": C, "remap_every": K, "remaps": R,
+ *   {"frames": F, "others": N, "others_on": O, "copy_in_flight": C, "remap_every": K, "remaps": R,
  *    "gpu_ms": G, "base_gpu_ms": B, "unmap_us": U, "map_us": M, "access_us": A}
  * Build: cc -O2 -I$CUDA/include bench/remap_stall.c -L$CUDA/lib64 -lcuda -o remap_stall */
 #include <cuda.h>
@@ -27,7 +28,7 @@
     }                                                                                    \
   } while (0)
 
-enum { MEMSETS = 3000, WORK_BYTES = 256 << 20, CHUNK = 16 << 20, OTHERS = 2000 };
+enum { MEMSETS = 3000, WORK_BYTES = 256 << 20, CHUNK = 16 << 20, OTHERS = 2000, HOST_OTHERS = 1024 };
 
 static double now_us(void)
 {
@@ -95,9 +96,11 @@ static CUmemGenericAllocationHandle make_frame(CUmemLocation where)
   return h;
 }
 
-/* One case: frames[1] on the host or not, `others` more chunks mapped after the first, a
- * copy queued before each remap or not. */
-static void run_case(CUstream s, CUdeviceptr work, CUdevice dev, int host, int others, CUstream copy_stream)
+/* One case: frames[1] on the host or not, `others` more chunks mapped after the first
+ * (sharing one device frame, or each its own host frame: pinned host memory as psshim's
+ * host frames hold it), a copy queued before each remap or not. */
+static void run_case(CUstream s, CUdeviceptr work, CUdevice dev, int host, int others, int others_on_host,
+                     CUstream copy_stream)
 {
   CUmemLocation gpu = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev};
   CUmemLocation numa = {.type = CU_MEM_LOCATION_TYPE_HOST_NUMA, .id = 0};
@@ -106,7 +109,11 @@ static void run_case(CUstream s, CUdeviceptr work, CUdevice dev, int host, int o
   CHECK(cuMemAddressReserve(&r.va, span, 0, 0, 0));
   r.frames[0] = make_frame(gpu);
   r.frames[1] = make_frame(host ? numa : gpu);
-  CUmemGenericAllocationHandle other = others ? make_frame(gpu) : 0;
+  CUmemGenericAllocationHandle *other = calloc((size_t)others + 1, sizeof *other);
+  if (!other)
+    exit(1);
+  for (int i = 0; i < others; i++)
+    other[i] = others_on_host ? make_frame(numa) : i ? other[0] : make_frame(gpu);
   r.copy_stream = copy_stream;
   CHECK(cuMemAddressReserve(&r.staging, 2 * CHUNK, 0, 0, 0));
   for (int i = 0; i < 2; i++) {
@@ -114,8 +121,8 @@ static void run_case(CUstream s, CUdeviceptr work, CUdevice dev, int host, int o
     CHECK(cuMemSetAccess(r.staging + (size_t)i * CHUNK, CHUNK, &r.access, 1));
   }
   CHECK(cuMemAlloc(&r.scratch, CHUNK));
-  for (int i = 0; i <= others; i++) { /* the others all share one frame: only mappings count */
-    CHECK(cuMemMap(r.va + (size_t)i * CHUNK, CHUNK, 0, i ? other : r.frames[0], 0));
+  for (int i = 0; i <= others; i++) {
+    CHECK(cuMemMap(r.va + (size_t)i * CHUNK, CHUNK, 0, i ? other[i - 1] : r.frames[0], 0));
     CHECK(cuMemSetAccess(r.va + (size_t)i * CHUNK, CHUNK, &r.access, 1));
   }
   int none = 0;
@@ -126,11 +133,12 @@ static void run_case(CUstream s, CUdeviceptr work, CUdevice dev, int host, int o
     r.unmap_us = r.map_us = r.access_us = 0;
     float base = run_queue(s, work, &r, 0, &none);
     float ms = run_queue(s, work, &r, every[k], &remaps);
-    printf("{\"frames\": \"%s\", \"others\": %d, \"copy_in_flight\": %d, \"remap_every\": %d, \"remaps\": %d, "
-           "\"gpu_ms\": %.2f, \"base_gpu_ms\": %.2f, \"unmap_us\": %.1f, \"map_us\": %.1f, \"access_us\": %.1f}\n",
-           host ? "device<->host" : "device<->device", others, copy_stream != NULL, every[k], remaps, ms, base,
-           r.unmap_us / remaps,
-           r.map_us / remaps, r.access_us / remaps);
+    printf("{\"frames\": \"%s\", \"others\": %d, \"others_on\": \"%s\", \"copy_in_flight\": %d, "
+           "\"remap_every\": %d, \"remaps\": %d, \"gpu_ms\": %.2f, \"base_gpu_ms\": %.2f, \"unmap_us\": %.1f, "
+           "\"map_us\": %.1f, \"access_us\": %.1f}\n",
+           host ? "device<->host" : "device<->device", others, others_on_host ? "host" : "device",
+           copy_stream != NULL, every[k], remaps, ms, base, r.unmap_us / remaps, r.map_us / remaps,
+           r.access_us / remaps);
   }
   CHECK(cuCtxSynchronize());
   CHECK(cuMemUnmap(r.staging, 2 * CHUNK));
@@ -139,8 +147,10 @@ static void run_case(CUstream s, CUdeviceptr work, CUdevice dev, int host, int o
   CHECK(cuMemUnmap(r.va, span));
   CHECK(cuMemRelease(r.frames[0]));
   CHECK(cuMemRelease(r.frames[1]));
-  if (others)
-    CHECK(cuMemRelease(other));
+  for (int i = 0; i < others; i++)
+    if (others_on_host || i == 0)
+      CHECK(cuMemRelease(other[i]));
+  free(other);
   CHECK(cuMemAddressFree(r.va, span));
 }
 
@@ -159,10 +169,11 @@ int main(void)
   CUstream copies;
   CHECK(cuStreamCreate(&copies, CU_STREAM_NON_BLOCKING));
   for (int host = 0; host < 2; host++) {
-    run_case(s, work, dev, host, 0, NULL);
-    run_case(s, work, dev, host, OTHERS, NULL);
-    run_case(s, work, dev, host, 0, copies);
+    run_case(s, work, dev, host, 0, 0, NULL);
+    run_case(s, work, dev, host, OTHERS, 0, NULL);
+    run_case(s, work, dev, host, 0, 0, copies);
   }
+  run_case(s, work, dev, 1, HOST_OTHERS, 1, NULL); /* 16 GiB pinned, as psshim's host frames at 1.25x */
   CHECK(cuStreamDestroy(copies));
   CHECK(cuMemFree(work));
   CHECK(cuStreamDestroy(s));
