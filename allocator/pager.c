@@ -7,17 +7,18 @@
  *   flight"; after it is enqueued, a mark (an event) recorded behind it on its stream is
  *   kept on each chunk it touched, one per stream.
  * - A chunk moves only when it is quiescent: no launch in flight and every mark passed, so
- *   no enqueued work can touch its addresses. Then, at once: its live ranges are copied
- *   between the two frames' fixed staging mappings on a copy stream, its addresses are
- *   remapped onto the new frame, and its old frame waits on the deferred list until the
+ *   no enqueued work can touch its addresses. Then, at once: its addresses are remapped
+ *   onto the new frame, its live ranges are copied between the two frames' fixed staging
+ *   mappings on a copy stream, and its old frame waits on the deferred list until the
  *   copy is done.
  * - A launch that touches the chunk before its copy is seen complete makes its stream wait
  *   for the copy (a stream wait, not a host wait): kernels always find the data in place.
- * Decisions (which chunk, when) come from policy/ and the iteration's period: room is kept
- * for the iteration's short-lived allocations (the margin), and chunks in host frames that
- * will be used soonest are fetched into free GPU frames or into the frames of GPU chunks
- * used later (OPT on predicted next uses). Correctness never depends on them. Work psshim
- * cannot see (graph launches, array copies, graph capture) stops paging for good. */
+ * Decisions (which chunk, when) come from policy/ and the iteration's period, once it is
+ * known: room is kept for the iteration's short-lived allocations (the margin), and chunks
+ * in host frames that will be used soonest are fetched into free GPU frames or into the
+ * frames of GPU chunks used later (OPT on predicted next uses), where the uses saved
+ * outweigh the moves' measured cost. Correctness never depends on them. Work psshim cannot
+ * see (graph launches, array copies, graph capture) stops paging for good. */
 #include "allocator/allocator_internal.h"
 #include "policy/policy.h"
 #include "tracer/tracer.h"
