@@ -438,14 +438,14 @@ static void count_frames(struct device *d, uint64_t now, uint64_t period, uint64
 }
 
 /* Nothing moves until the iteration's period is known: without it nothing tells the
- * iteration's short-lived allocations from model data, and filling free frames with host
- * chunks pushed activations into host frames (on the H200, auto at 2x the budget took
- * 26 s a step so until the period came; static placement takes 6.7). Then: first room on
- * the GPU for the iteration's
- * short-lived allocations of the coming part of the iteration (PatrickStar's margin: the
- * most frames they held in that part last time, up to the whole budget, less what they
- * hold on the GPU now), made by paging out the model data needed farthest ahead, so
- * activations and gradients do not land in host frames. Then the host chunks needed
+ * iteration's short-lived allocations from model data. (When free frames were filled with
+ * recently used host chunks meanwhile, auto's first steps at 2x the budget took 26 s each
+ * on the H200, static placement's 6.7; the cause was not isolated.) Then: first room on
+ * the GPU for the iteration's short-lived allocations of the coming part of the iteration
+ * (PatrickStar's margin: the most frames they held in that part last time, up to the whole
+ * budget, less what they hold on the GPU now), made by paging out the model data needed
+ * farthest ahead, so activations and gradients do not land in host frames. Then the host
+ * chunks needed
  * soonest go into free GPU frames beyond the margin, or into the frames of GPU chunks
  * needed later than they are (Belady), where the move pays. */
 static void plan(struct device *d, uint64_t now)
