@@ -97,9 +97,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="same, given as bytes (24G, 512M, ...): fraction = budget / total")
     g.add_argument("--fsdp-offload", action="store_true",
                    help="FSDP2 (fully_shard per block and root) with CPUOffloadPolicy(pin_memory"
-                        "=True), world size 1 in this process; with bf16 it uses "
-                        "MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) instead of "
-                        "autocast, and the optimizer steps on the CPU")
+                        "=True), world size 1 in this process (under torchrun: its world); with "
+                        "bf16 it uses MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) "
+                        "instead of autocast, and the optimizer steps on the CPU")
+    g.add_argument("--ddp", action="store_true",
+                   help="DistributedDataParallel under torchrun (RANK, LOCAL_RANK, WORLD_SIZE, "
+                        "MASTER_ADDR/PORT from its environment; nccl on cuda, gloo on cpu): each "
+                        "rank trains on its own batch (seed + rank) on cuda:LOCAL_RANK; rank 0 "
+                        "prints, and each rank writes --json, rank r > 0 to PATH.rank<r>")
     g = p.add_argument_group("output")
     g.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
     return p
@@ -144,6 +149,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--steps must be at least 1")
     if args.fsdp_offload and args.tie_embeddings:
         parser.error("--fsdp-offload with --tie-embeddings is not supported")
+    if args.ddp and args.fsdp_offload:
+        parser.error("--ddp and --fsdp-offload are two different baselines: choose one")
+    if args.ddp and "WORLD_SIZE" not in os.environ:
+        parser.error("--ddp needs torchrun's environment (run it as torchrun --nproc_per_node=N "
+                     "bench/gpt_train.py --ddp ...)")
     return args
 
 
@@ -203,7 +213,7 @@ def init_params(model: nn.Module, layers: int, seed: int, device: torch.device) 
     """GPT-2 style init drawn on `device` from one seeded generator, in module order.
 
     Values are copied into each parameter's local storage, which also serves FSDP2's
-    sharded (DTensor) parameters that live in host memory.
+    sharded (DTensor) parameters that live in host memory: each rank takes its rows.
     """
     gen = torch.Generator(device=device).manual_seed(seed)
     seen = set()
@@ -221,8 +231,13 @@ def init_params(model: nn.Module, layers: int, seed: int, device: torch.device) 
                 residual = mod_name.endswith(("proj", "fc_out"))
                 values.normal_(0.0, 0.02 / (2 * layers) ** 0.5 if residual else 0.02,
                                generator=gen)
-            local = param.to_local() if hasattr(param, "to_local") else param
-            local.copy_(values)
+            if hasattr(param, "to_local"):  # FSDP2: this rank's rows (Shard(0), torch.chunk)
+                mesh = param.device_mesh
+                rows = torch.chunk(values, mesh.size(), dim=0)
+                mine = mesh.get_local_rank()
+                values = rows[mine] if mine < len(rows) else values[:0]
+                param = param.to_local()
+            param.copy_(values)
 
 
 def count_params(model: nn.Module) -> int:
@@ -241,13 +256,33 @@ def configure_determinism(enabled: bool) -> None:
         torch.backends.cudnn.benchmark = False
 
 
+def ranks() -> tuple[int, int, int]:
+    """(rank, local rank, world size) from torchrun's environment; (0, 0, 1) outside it."""
+    return (int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0")),
+            int(os.environ.get("WORLD_SIZE", "1")))
+
+
+def init_distributed(device: torch.device) -> None:
+    """The default process group: torchrun's rendezvous (env://) when it started us, else a
+    world of one in this process."""
+    import torch.distributed as dist
+
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    rank, _, world = ranks()
+    if "WORLD_SIZE" in os.environ:
+        dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world)
+    else:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+
+
 def select_device(a: argparse.Namespace) -> torch.device:
     if a.device == "cpu":
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise SystemExit("gpt_train: CUDA is not available (use --device cpu)")
-    torch.cuda.set_device(0)
-    device = torch.device("cuda", 0)
+    local = ranks()[1]
+    torch.cuda.set_device(local)
+    device = torch.device("cuda", local)
     fraction = a.memory_fraction
     if a.memory_budget is not None:
         fraction = a.memory_budget / torch.cuda.get_device_properties(device).total_memory
@@ -262,16 +297,19 @@ def build_native(a: argparse.Namespace, device: torch.device):
     init_params(model, a.layers, a.seed, device)
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) \
         if a.dtype == "bf16" else contextlib.nullcontext
+    if a.ddp:
+        from torch.nn.parallel import DistributedDataParallel
+
+        init_distributed(device)
+        model = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
     return model, autocast
 
 
 def build_fsdp_offload(a: argparse.Namespace, device: torch.device):
     """FSDP2 at world size 1 with parameters, gradients and optimizer state on the host."""
-    import torch.distributed as dist
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    init_distributed(device)
     with torch.device("meta"):
         model = GPT(a)
     kwargs = {"offload_policy": CPUOffloadPolicy(pin_memory=device.type == "cuda")}
@@ -287,7 +325,7 @@ def build_fsdp_offload(a: argparse.Namespace, device: torch.device):
 
 
 def make_batch(a: argparse.Namespace, device: torch.device):
-    gen = torch.Generator(device=device).manual_seed(a.seed + 1)
+    gen = torch.Generator(device=device).manual_seed(a.seed + 1 + ranks()[0])
     tokens = torch.randint(0, a.vocab, (a.batch, a.seq + 1), generator=gen, device=device)
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
@@ -366,7 +404,8 @@ def summarize_memory(init: dict, steps: list) -> dict:
 def base_result(a: argparse.Namespace) -> dict:
     return {
         "script": "gpt_train.py", "argv": sys.argv[1:], "config": vars(a),
-        "mode": "fsdp-offload" if a.fsdp_offload else "native",
+        "mode": "fsdp-offload" if a.fsdp_offload else "ddp" if a.ddp else "native",
+        "rank": ranks()[0], "world_size": ranks()[2],
         "flops_formula": benchlib.FLOPS_FORMULA,
         "flops_per_step": benchlib.megatron_flops(a.batch, a.seq, a.layers, a.hidden, a.vocab,
                                                   recompute=a.checkpoint),
@@ -401,8 +440,8 @@ def train(a: argparse.Namespace, res: dict) -> dict:
     synchronize(device)
     init_mem = memory_now(device)
     res["memory"] = summarize_memory(init_mem, [])
-    print(f"gpt_train: {res['mode']} {res['param_count'] / 1e6:.1f}M params on "
-          f"{res['device_name']}, torch {torch.__version__}", flush=True)
+    say(f"gpt_train: {res['mode']} {res['param_count'] / 1e6:.1f}M params on "
+        f"{res['device_name']}, torch {torch.__version__}, world size {res['world_size']}")
     for step in range(a.steps):
         reset_peaks(device)
         synchronize(device)
@@ -418,8 +457,20 @@ def train(a: argparse.Namespace, res: dict) -> dict:
         res["loss"].append(value)
         res["step_times_s"].append(dt)
         finish_result(res, a, init_mem)
-        print(step_line(rec), flush=True)
+        say(step_line(rec))
     return res
+
+
+def say(line: str) -> None:
+    """A line on stdout from rank 0 only."""
+    if ranks()[0] == 0:
+        print(line, flush=True)
+
+
+def json_path(a: argparse.Namespace) -> str | None:
+    """--json for rank 0; PATH.rank<r> for rank r > 0."""
+    rank = ranks()[0]
+    return a.json if not a.json or rank == 0 else f"{a.json}.rank{rank}"
 
 
 def shutdown_distributed() -> None:
@@ -449,7 +500,7 @@ def main(argv=None) -> int:
     except Exception as exc:  # recorded in the JSON, then reported or re-raised
         res.update(oom=is_oom(exc), error=f"{type(exc).__name__}: {exc}"[:4000])
         if a.json:
-            benchlib.write_json(a.json, res)
+            benchlib.write_json(json_path(a), res)
         if not res["oom"]:
             raise
         first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
@@ -457,10 +508,10 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return benchlib.EXIT_OOM
     if a.json:
-        benchlib.write_json(a.json, res)
-    print(f"gpt_train: median step {res['median_step_s']:.4f} s (after {res['warmup_steps']} "
-          f"warm-up), {res['tflops']:.3f} TFLOPS, peak allocated "
-          f"{benchlib.gib(res['memory']['peak_allocated_bytes'])} GiB", flush=True)
+        benchlib.write_json(json_path(a), res)
+    say(f"gpt_train: median step {res['median_step_s']:.4f} s (after {res['warmup_steps']} "
+        f"warm-up), {res['tflops']:.3f} TFLOPS, peak allocated "
+        f"{benchlib.gib(res['memory']['peak_allocated_bytes'])} GiB")
     return 0
 
 

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The multi-GPU run of the sharding issue, in one device call on a kind with N >= 2 GPUs
+# (after tests/gpu/pack.sh here; device run: bash tests/gpu/ddp_run.sh, carrying .gpu,
+# NCCL_NVLS_ENABLE=0 as KINDS.md asks). torchrun --nproc_per_node=N of bench/gpt_train.py
+# --ddp (the 2.68B GPT, deterministic, 20 steps):
+# 1. natively; 2. under psshim (auto) at a per-rank GPU budget of DDP_BUDGET (default 20G:
+#    model data, 16 bytes a parameter, is 43 GB, over 2x the budget); 3. FSDP2 with
+#    CPUOffloadPolicy on the same N GPUs and budget. Then rank 0's losses of 2 against 1,
+#    each rank's host frames and what sharing saved (PSSHIM_STATS), and the step times.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+G=$PWD/.gpu
+OUT=${OUT:-/tmp/psshim-ddp-out}
+N=${DDP_GPUS:-$(nvidia-smi -L | wc -l)}
+BUDGET=${DDP_BUDGET:-20G}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH=$G${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+train=(python3 bench/gpt_train.py --preset gpt2.7b --steps "${DDP_STEPS:-20}" --warmup 5 --deterministic)
+run() { # name, then torchrun's command
+  local name=$1
+  shift
+  timeout "${DDP_TIMEOUT:-240}" torchrun --nproc_per_node="$N" --no-python "$@" >"$OUT/$name.log" 2>&1
+  echo "$name: rc $? ($(tail -1 "$OUT/$name.log"))"
+}
+run native tests/gpu/rank_env.sh "${train[@]}" --ddp --json "$OUT/native.json"
+RANK_ENV_LIB=$G/libpsshim.so RANK_ENV_STATS=$OUT/psshim PSSHIM_POLICY=auto PSSHIM_GPU_BUDGET=$BUDGET \
+  run psshim tests/gpu/rank_env.sh "${train[@]}" --ddp --json "$OUT/psshim.json"
+run fsdp tests/gpu/rank_env.sh "${train[@]}" --fsdp-offload --memory-budget "$BUDGET" --json "$OUT/fsdp.json"
+echo "== DDP on $N GPUs, per-rank budget $BUDGET =="
+python3 - "$OUT" "$N" <<'PY'
+import json, os, sys
+out, n = sys.argv[1], int(sys.argv[2])
+def load(name):
+    try:
+        return json.load(open(os.path.join(out, name)))
+    except (OSError, ValueError):
+        return None
+runs = {k: load(f"{k}.json") for k in ("native", "psshim", "fsdp")}
+for k, r in runs.items():
+    print(f"{k:7s} median step {r['median_step_s'] if r else None} s" if r else f"{k:7s} no result")
+nat, ps = runs["native"], runs["psshim"]
+if nat and ps:
+    same = nat["loss_hex"] == ps["loss_hex"]
+    print(f"rank 0 losses, psshim vs native: {'identical' if same else 'DIFFER'} over {len(ps['loss_hex'])} steps")
+for r in range(n):
+    s = load(f"psshim.rank{r}.json")
+    if s:
+        print(f"rank {r}: peak host frames {s['peak_host_bytes'] / 2**30:.2f} GiB, shared chunks at most "
+              f"saved {s['peak_shard_saved_bytes'] / 2**30:.2f} GiB, moved in {s['bytes_h2d'] / 2**30:.2f} GiB")
+PY
+true
