@@ -202,7 +202,9 @@ void psa_span_release(struct device *d, struct span *s, uint64_t off, uint64_t s
 
 bool psa_span_idle(struct device *d, struct span *s)
 {
-  if (s->live_allocs)
+  /* A span growing (psa_span_extend) has lent out its tail: what is left may look idle to
+   * the reclaim that taking its new frames runs, on this very thread. */
+  if (s->live_allocs || s->building)
     return false;
   for (uint64_t i = s->first_chunk; i < s->first_chunk + s->nchunks; i++)
     if (d->chunks[i].in_flight || !psa_copy_done(d, i, false))
