@@ -101,6 +101,9 @@ struct psa_stats {
 };
 /* Sums over devices. */
 void psa_stats_get(struct psa_stats *s);
+/* Whether this process set up any device: a launcher that never used the GPU (timeout,
+ * torchrun) has no statistics to give. */
+bool psa_any_device(void);
 /* PSSHIM_STATS output: text (json=false) or one JSON object. */
 void psa_stats_write(FILE *f, bool json);
 

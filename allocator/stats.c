@@ -22,6 +22,14 @@ void psa_stats_get(struct psa_stats *out)
   }
 }
 
+bool psa_any_device(void)
+{
+  for (int i = 0; i < PSA_MAX_DEVICES; i++)
+    if (psa_devices[i].ready)
+      return true;
+  return false;
+}
+
 static double mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }
 
 void psa_stats_write(FILE *f, bool json)

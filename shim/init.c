@@ -46,7 +46,9 @@ __attribute__((destructor)) static void psshim_end(void)
   if (!options_ok || psa_in_forked_child())
     return;
   pst_session_end();
-  if (!ps_options.stats)
+  /* A launcher (timeout, torchrun) that never used the GPU would overwrite the statistics
+   * of the program it ran. */
+  if (!ps_options.stats || !psa_any_device())
     return;
   if (!ps_options.stats_path) {
     psa_stats_write(stderr, false);

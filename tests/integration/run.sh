@@ -246,6 +246,13 @@ quiet)
   under_psshim PSSHIM_GPU_BUDGET=16M "$prog" 2 4 2 >"$tmp/out" 2>"$tmp/err" || fail "run failed: $(cat "$tmp/err")"
   [ ! -s "$tmp/err" ] || fail "psshim wrote to stderr unasked: $(cat "$tmp/err")"
   echo "nothing on stderr: ok"
+  # A process that never used the GPU (a launcher: timeout, torchrun) leaves no statistics:
+  # it must not overwrite the file of the program it ran.
+  under_psshim PSSHIM_GPU_BUDGET=16M PSSHIM_STATS="$tmp/s.json" timeout 60 "$prog" 2 4 2 >/dev/null ||
+    fail "run under timeout failed"
+  python3 -c "import json,sys; s=json.load(open(sys.argv[1])); sys.exit(0 if s['allocs'] > 0 else 1)" "$tmp/s.json" ||
+    fail "the launcher overwrote the program's statistics: $(head -c 200 "$tmp/s.json")"
+  echo "launchers leave no statistics: ok"
   ;;
 *)
   fail "unknown case $case_name"
