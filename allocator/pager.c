@@ -208,12 +208,12 @@ static bool remap(struct device *d, uint64_t chunk, uint32_t from, uint32_t to)
 
 /* Moves a quiescent chunk onto frame `to` (taken by the caller; given back on failure):
  * the remap first, then the copy on its direction's stream, after `after` when not NULL
- * (the copy out of that frame). Remapping before the copy is queued keeps the driver from
- * waiting for that copy, which reads the same memory through the frames' staging
- * addresses: on the H200 a remap took 1.7 ms in the pager against 0.15 ms alone. Nothing
- * in flight uses the chunk's addresses, and launches that touch it from now on wait for
- * the copy (c->copy, set before the lock is dropped). Returns the old frame, whose
- * copy-out is c->copy, or PSA_NO_FRAME on failure (the chunk is where it was). */
+ * (the copy out of that frame). A remap behind a queued copy of the same memory (read
+ * through the frames' staging addresses) costs more: on the H200 an unmap took 83 us
+ * instead of 50 with one in flight (bench/remap_stall.c). Nothing in flight uses the
+ * chunk's addresses, and launches that touch it from now on wait for the copy (c->copy,
+ * set before the lock is dropped). Returns the old frame, whose copy-out is c->copy, or
+ * PSA_NO_FRAME on failure (the chunk is where it was). */
 static uint32_t move_onto(struct device *d, uint64_t chunk, uint32_t to, struct psa_mark *after)
 {
   struct chunk *c = &d->chunks[chunk];

@@ -382,9 +382,9 @@ struct span *psa_span_new(struct device *d, uint64_t nchunks)
  * allocation just before it, growing that span into the unreserved chunks after it, when
  * that takes fewer new chunks than a span of its own: tensors made one after another (a
  * model's parameters, its optimizer state) lie back to back. Only that span: growing any
- * span with a free tail mixed lifetimes, so spans seldom emptied and their frames could
- * not be taken back (static placement at 1.25x the budget went from 0.67 to 2.3 s a step
- * on the H200, with activations pushed into host frames). */
+ * span with a free tail mixed lifetimes, so, we think, spans seldom emptied and their
+ * frames could not be taken back for the next step's activations (static placement at
+ * 1.25x the budget went from 0.67 to 2.3 s a step on the H200). */
 struct span *psa_span_extend(struct device *d, uint64_t size, CUstream stream, uint64_t *off)
 {
   struct span *s = d->last_span;
@@ -398,7 +398,8 @@ struct span *psa_span_extend(struct device *d, uint64_t size, CUstream stream, u
       !psa_chunks_free(d, next, more))
     return NULL;
   /* The tail leaves the span while frames are taken (the lock may drop), so no other
-   * allocation carves it and the span cannot look idle and be reclaimed. */
+   * allocation carves it; add_chunks marks the span building, so what is left of it does
+   * not look idle to the reclaim that taking frames runs. */
   remove_at(s, i);
   if (!add_chunks(d, s, next, more)) {
     psa_span_release(d, s, tail.off, tail.len, tail.stream, tail.event);

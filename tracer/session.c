@@ -35,8 +35,8 @@ static void track_iteration(const struct pst_launch *l)
     next_ask = fed + (fed < PERIOD_ASK_MAX ? (fed < 64 ? 64 : fed) : PERIOD_ASK_MAX);
     uint32_t p = 0;
     uint64_t phase = 0;
-    /* A run of one kernel repeated (an optimizer's per-tensor launches) is no iteration:
-     * on the 2.68B GPT a period of 1 stood for half the run before the real one. */
+    /* A run of one kernel repeated (an optimizer's per-tensor launches, say) is no
+     * iteration: on the 2.68B GPT a period of 1 stood for half the run before the real one. */
     bool found = psp_period_get(detector, &p, &phase) && p > 1;
     /* Early in a run a layer's pattern looks periodic: a period is adopted only when two
      * queries in a row agree, and dropped when the stream stops being periodic. */
@@ -124,6 +124,8 @@ static void *sample_main(void *arg)
 static void stop_sampling(void)
 {
   atomic_store(&sampling, false);
+  if (psa_in_forked_child())
+    return; /* a forked child (a DataLoader worker) has no sampler to wait for */
   struct timespec ms = {.tv_nsec = 1000000};
   for (int i = 0; i < 200 && atomic_load(&in_sample); i++)
     nanosleep(&ms, NULL);
