@@ -128,7 +128,7 @@ struct device {
   psp_phase_max young;      /* the frames they held, by phase of the iteration */
   uint64_t predicted_for;   /* the period the chunks' next_use were predicted with */
   uint64_t next_plan, plan_gap; /* plans back off while they move nothing (pager.c) */
-  uint64_t move_ns;         /* the launching thread's time per move (queue the copy, remap) */
+  uint64_t move_ns_mean;    /* the launching thread's time per move (queue the copy, remap) */
   uint32_t recent_pos;
   uint64_t reserved_high, used_high; /* since the last psa_usage_reset_high */
   uint64_t alloc_digest; /* the allocations' sizes, as a sum of mixed sizes (space.c) */

@@ -254,7 +254,7 @@ static uint32_t move_onto(struct device *d, uint64_t chunk, uint32_t to, struct 
   trace_move(chunk, where, (uint64_t)bytes, start);
   uint64_t spent = now_ns() - start;
   d->stats.move_ns += spent;
-  d->move_ns = d->move_ns ? (d->move_ns * 15 + spent) / 16 : spent; /* a mean over ~16 moves */
+  d->move_ns_mean = d->move_ns_mean ? (d->move_ns_mean * 15 + spent) / 16 : spent; /* over ~16 moves */
   return from;
 }
 
@@ -356,7 +356,7 @@ static uint32_t plan_moves(const struct device *d)
 
 /* What a use of a chunk left in a host frame costs: a kernel reads (and writes back) it in
  * place at PSSHIM_INPLACE_RATE. Moves cost what the launching thread measurably spends on
- * them (d->move_ns); see psp_fetch_pays. */
+ * them (d->move_ns_mean); see psp_fetch_pays. */
 static uint64_t use_ns(const struct device *d)
 {
   return (uint64_t)((double)d->chunk_size * 1e9 / (double)ps_options.inplace_rate);
@@ -401,7 +401,7 @@ static size_t candidates(struct device *d, enum psa_where w, uint64_t now, uint6
       continue;
     uint64_t next = predicted_next(c, now, period);
     if (w == PSA_HOST && (next == PSP_NEVER ||
-                          !psp_fetch_pays(psp_uses_within(c->uses, PSA_USES, now, period), use_ns(d), d->move_ns)))
+                          !psp_fetch_pays(psp_uses_within(c->uses, PSA_USES, now, period), use_ns(d), d->move_ns_mean)))
       continue; /* not expected soon, or cheaper read in place */
     /* Fetches want the soonest: the victims' order with next uses reversed. */
     out[n++] = (psp_cand){.chunk = (uint32_t)i, .bytes = d->chunk_size, .dirty = true,
@@ -495,7 +495,7 @@ static void plan(struct device *d, uint64_t now)
     }
     struct chunk *victim = &d->chunks[victims[v].chunk];
     if (!psp_swap_pays(psp_uses_within(d->chunks[chunk].uses, PSA_USES, now, period),
-                       psp_uses_within(victim->uses, PSA_USES, now, period), use_ns(d), d->move_ns)) {
+                       psp_uses_within(victim->uses, PSA_USES, now, period), use_ns(d), d->move_ns_mean)) {
       d->stats.plans_no_gain++;
       continue; /* a later fetch, used more often, may still pay */
     }
@@ -722,7 +722,10 @@ static void poll_and_plan(struct device *d, const struct pst_launch *l)
     if (most > ps_options.runahead)
       most = ps_options.runahead;
     bool idle = moves == d->stats.migrations_to_gpu + d->stats.migrations_to_host;
-    d->plan_gap = !idle || d->plan_gap < every ? every : d->plan_gap * 2 > most ? most : d->plan_gap * 2;
+    if (!idle || d->plan_gap < every)
+      d->plan_gap = every;
+    else
+      d->plan_gap = d->plan_gap * 2 > most ? most : d->plan_gap * 2;
     d->next_plan = l->seq + d->plan_gap;
   }
   d->stats.plan_ns += now_ns() - start;
