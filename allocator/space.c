@@ -102,13 +102,15 @@ void psa_first_iteration_done(void)
   static atomic_flag done = ATOMIC_FLAG_INIT;
   if (atomic_flag_test_and_set(&done) || psc_nranks() < 2)
     return;
-  uint64_t digest = 0;
+  /* Devices count in the order of their ordinals, not by them: each rank has its own GPU
+   * (rank 1 of a torchrun job allocates on device 1 what rank 0 does on device 0). */
+  uint64_t digest = 0, used = 0;
   for (int i = 0; i < PSA_MAX_DEVICES; i++) {
     struct device *d = &psa_devices[i];
     if (!d->ready)
       continue;
     pthread_mutex_lock(&d->lock);
-    digest = digest * 31 + d->alloc_digest + (uint64_t)i;
+    digest = digest * 31 + d->alloc_digest + used++;
     pthread_mutex_unlock(&d->lock);
   }
   psa_allocs_agree = psc_check_alloc_hash(digest); /* says a difference itself, on every rank */

@@ -14,7 +14,8 @@ OUT=${OUT:-/tmp/psshim-ddp-out}
 N=${DDP_GPUS:-$(nvidia-smi -L 2>/dev/null | wc -l)}
 BUDGET=${DDP_BUDGET:-20G}
 mkdir -p "$OUT"
-export LD_LIBRARY_PATH=$G${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+export LD_LIBRARY_PATH=$G${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 \
+  TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # DDP_TRAIN replaces gpt_train's arguments (a smoke test on the CPU: --preset tiny --device cpu)
 read -r -a args <<<"${DDP_TRAIN:---preset gpt2.7b --steps 20 --warmup 5 --deterministic}"
 train=("${DDP_PYTHON:-python3}" bench/gpt_train.py "${args[@]}")

@@ -187,33 +187,36 @@ shard)
   # the host frames a rank holds must drop. With DIVERGE=1 rank 1's first replicated buffer
   # differs in one word: its chunk must stay whole (a shared one would give a rank the
   # other's bytes: a mismatch), so fewer chunks are shared (these seeds put that word in a
-  # chunk that is shared otherwise).
+  # chunk that is shared otherwise). The last run puts each rank on its own device, as
+  # torchrun does: the ranks must still agree that they allocated alike.
   shard=(PSSHIM_CHUNK_SIZE=4M PSSHIM_GPU_BUDGET=8M PSSHIM_HOST_BUDGET=256M PSSHIM_POLICY=auto PSSHIM_RUNAHEAD=4
-         PSSHIM_CUPTI="$FAKE_CUPTI")
-  for seed in 2 4 9; do
-    for diverge in 0 1; do
-      name=s$seed.d$diverge
-      for r in 0 1; do
-        out=$(env RANK=$r DIVERGE=$diverge "${shard[@]}" LD_PRELOAD="$lib" "$prog" $seed 100) || fail "$name alone, rank $r: $out"
-        echo "$out" >"$tmp/$name.alone.$r"
-      done
-      ARGS="$seed 100" two_ranks $name "${shard[@]}" DIVERGE=$diverge
-      for r in 0 1; do
-        [ "$(eval echo \$status$r)" = 0 ] || fail "$name, rank $r: $(cat "$tmp/$name.$r.out" "$tmp/$name.$r.err")"
-        [ ! -s "$tmp/$name.$r.err" ] || fail "$name, rank $r wrote: $(cat "$tmp/$name.$r.err")"
-        [ "$(sed 's/, host.*//' "$tmp/$name.$r.out")" = "$(sed 's/, host.*//' "$tmp/$name.alone.$r")" ] \
-          || fail "$name, rank $r: bytes differ from its run without sharding: $(cat "$tmp/$name.$r.out")"
-      done
-      python3 - "$tmp" "$name" "$seed" "$diverge" <<'PY' || fail "$name: sharding"
+         PSSHIM_CUPTI="$FAKE_CUPTI" FAKECUDA_DEVICE_COUNT=2)
+  for run in 2:0:0 2:1:0 4:0:0 4:1:0 9:0:0 9:1:0 2:0:1; do
+    IFS=: read -r seed diverge per_rank <<<"$run"
+    name=s$seed.d$diverge
+    [ "$per_rank" = 1 ] && name=$name.device_per_rank
+    for r in 0 1; do
+      out=$(env RANK=$r DIVERGE=$diverge DEVICE_PER_RANK=$per_rank "${shard[@]}" LD_PRELOAD="$lib" "$prog" $seed 100) ||
+        fail "$name alone, rank $r: $out"
+      echo "$out" >"$tmp/$name.alone.$r"
+    done
+    ARGS="$seed 100" two_ranks $name "${shard[@]}" DIVERGE=$diverge DEVICE_PER_RANK=$per_rank
+    for r in 0 1; do
+      [ "$(eval echo \$status$r)" = 0 ] || fail "$name, rank $r: $(cat "$tmp/$name.$r.out" "$tmp/$name.$r.err")"
+      [ ! -s "$tmp/$name.$r.err" ] || fail "$name, rank $r wrote: $(cat "$tmp/$name.$r.err")"
+      [ "$(sed 's/, host.*//' "$tmp/$name.$r.out")" = "$(sed 's/, host.*//' "$tmp/$name.alone.$r")" ] \
+        || fail "$name, rank $r: bytes differ from its run without sharding: $(cat "$tmp/$name.$r.out")"
+    done
+    python3 - "$tmp" "$name" "$seed" "$diverge" <<'PY' || fail "$name: sharding"
 import json, re, sys
 tmp, name, seed, diverge = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
 s = [json.load(open(f"{tmp}/{name}.{r}.json")) for r in (0, 1)]
 host = lambda f: int(re.search(r"host frame bytes (\d+)", open(f).read()).group(1))
 shares = [x["shares"] for x in s]
-print(f"  seed {seed}{' (rank 1 diverges)' if diverge else ''}: chunks shared {shares}, made private again "
-      f"{[x['unshares'] for x in s]}, at most {s[0]['peak_shard_saved_bytes'] >> 20} MiB of host frames saved "
-      f"per rank; host frame bytes {[host(f'{tmp}/{name}.{r}.out') >> 20 for r in (0, 1)]} MiB, alone "
-      f"{[host(f'{tmp}/{name}.alone.{r}') >> 20 for r in (0, 1)]} MiB")
+print(f"  {name}{' (rank 1 diverges)' if diverge else ''}: chunks shared {shares}, made private again "
+    f"{[x['unshares'] for x in s]}, at most {s[0]['peak_shard_saved_bytes'] >> 20} MiB of host frames saved "
+    f"per rank; host frame bytes {[host(f'{tmp}/{name}.{r}.out') >> 20 for r in (0, 1)]} MiB, alone "
+    f"{[host(f'{tmp}/{name}.alone.{r}') >> 20 for r in (0, 1)]} MiB")
 assert shares[0] == shares[1] > 0, "the ranks did not share the same chunks"
 for r in (0, 1):
     assert host(f"{tmp}/{name}.{r}.out") < host(f"{tmp}/{name}.alone.{r}"), f"rank {r} held no fewer host frames"
@@ -221,7 +224,6 @@ for r in (0, 1):
 if diverge:
     assert shares[0] < json.load(open(f"{tmp}/s{seed}.d0.0.json"))["shares"], "the diverging chunk was shared"
 PY
-    done
   done
   ;;
 nccl)

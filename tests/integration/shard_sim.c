@@ -5,6 +5,8 @@
  * and updates the hot buffers from it. Near the end a kernel writes a rank-dependent value
  * into one replicated buffer, so a rank whose chunk is shared must make it its own first.
  * DIVERGE=1 makes rank 1's first replicated buffer differ in one word from the start.
+ * DEVICE_PER_RANK=1 runs rank r on device r, as a torchrun job does (the driver needs
+ * FAKECUDA_DEVICE_COUNT ranks).
  * Every buffer is read back and compared with a host mirror at the end.
  * Prints: checksum, mismatches, and the host frame bytes the driver held after the steps.
  * Usage: shard_sim seed steps */
@@ -71,6 +73,8 @@ int main(int argc, char **argv)
   int rank = getenv("RANK") ? atoi(getenv("RANK")) : 0;
   int diverge = getenv("DIVERGE") && atoi(getenv("DIVERGE")) && rank == 1;
   rng = seed * 2654435761u + 1;
+  if (getenv("DEVICE_PER_RANK") && atoi(getenv("DEVICE_PER_RANK")))
+    check(cudaSetDevice(rank), "cudaSetDevice");
   size_t fill_sizes[] = {8, 8, 8}, update_sizes[] = {8, 8, 8, 8}, poke_sizes[] = {8, 4};
   CUfunction fill = fakecuda_register_kernel("fill", fill_fn, NULL, 3, fill_sizes);
   CUfunction update = fakecuda_register_kernel("update", update_fn, NULL, 4, update_sizes);
