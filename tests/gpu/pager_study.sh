@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# One device call (after tests/gpu/pack.sh here; device run: bash tests/gpu/pager_study.sh,
+# carrying .gpu): bench/remap_stall.c, then the 2.68B GPT under psshim at the runs named in
+# STUDY_RUNS, each POLICY:RATIO:RUNAHEAD (budget = STUDY_PEAK / RATIO; STUDY_PEAK defaults to
+# the native peak of bench/results run 14). Prints, per run, whether its losses equal run 14's
+# native ones bitwise, the median of the last 5 of 12 steps, the pager's per-step costs from
+# PSSHIM_STATS and every step's time; results in $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+G=$PWD/.gpu
+OUT=${OUT:-/tmp/psshim-study-out}
+RUN=${STUDY_RUN:-study}
+PEAK=${STUDY_PEAK:-44274838528}
+W=/tmp/study-work
+mkdir -p "$OUT" "$W"
+export LD_LIBRARY_PATH=$G${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONUNBUFFERED=1
+if [ -z "${STUDY_NO_REMAP:-}" ]; then
+  cc -O2 -I/usr/local/cuda/include bench/remap_stall.c -L/usr/local/cuda/lib64 -lcuda -o "$W/remap_stall" &&
+    timeout 120 "$W/remap_stall" >"$OUT/remap_stall_$RUN.txt" 2>&1
+fi
+for spec in ${STUDY_RUNS:-auto:1.25:256 auto:1.25:2048 auto:2:256 auto:2:2048 static:2:256}; do
+  IFS=: read -r policy ratio runahead <<<"$spec"
+  name=${policy}_${ratio}_${runahead}
+  budget=$(python3 -c "print(int($PEAK / $ratio))")
+  start=$(date +%s)
+  LD_PRELOAD=$G/libpsshim.so PSSHIM_GPU_BUDGET=$budget PSSHIM_POLICY=$policy PSSHIM_RUNAHEAD=$runahead \
+    PSSHIM_STATS=$W/$name.psshim.json timeout "${STUDY_TIMEOUT:-150}" python3 bench/gpt_train.py --preset gpt2.7b \
+    --steps 12 --warmup 7 --deterministic --json "$W/$name.json" >"$W/$name.log" 2>&1
+  echo "$name: rc $? in $(($(date +%s) - start)) s" >>"$OUT/study_$RUN.txt"
+done
+python3 - "$W" "$RUN" >>"$OUT/study_$RUN.txt" <<'PY'
+import glob, json, os, sys
+w, run = sys.argv[1], sys.argv[2]
+summary = {}
+native = json.load(open("bench/results/paging_sweep_gpt2.7b_run14.json"))["native"]["loss_hex"]
+print(f"{'run':18s} {'=native':7s} {'median':>7s} {'plan ms':>8s} {'move ms':>8s} {'wait ms':>8s} {'in':>5s} {'out':>5s} "
+      f"{'host GiB':>8s}  step times (s)")
+for path in sorted(glob.glob(os.path.join(w, "*.psshim.json"))):
+    name = os.path.basename(path)[:-len(".psshim.json")]
+    try:
+        s, r = json.load(open(path)), json.load(open(os.path.join(w, name + ".json")))
+    except (OSError, ValueError):
+        print(f"{name:18s} no result")
+        continue
+    n = max(len(r["step_times_s"]), 1)
+    per = lambda k: s.get(k, 0) / n / 1e6
+    same = "yes" if r["loss_hex"] == native else "NO"
+    print(f"{name:18s} {same:7s} {r['median_step_s']:7.3f} {per('plan_ns'):8.1f} {per('move_ns'):8.1f} "
+          f"{per('runahead_wait_ns'):8.1f} {s['migrations_to_gpu']:5d} {s['migrations_to_host']:5d} "
+          f"{s['peak_host_bytes'] / 2**30:8.2f}  " + " ".join(f"{t:.2f}" for t in r["step_times_s"]))
+    summary[name] = {"median_step_s": r["median_step_s"], "step_times_s": r["step_times_s"],
+                     "loss_hex": r["loss_hex"], "psshim_stats": s}
+json.dump(summary, open(os.path.join(os.environ.get("OUT", w), f"study_{run}.json"), "w"), indent=1)
+PY
+echo "== remap_stall =="
+cat "$OUT/remap_stall_$RUN.txt" 2>/dev/null
+echo "== study =="
+cat "$OUT/study_$RUN.txt"
+true
