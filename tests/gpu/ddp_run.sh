@@ -19,11 +19,16 @@ export LD_LIBRARY_PATH=$G${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONUNBUFFERED=
 # DDP_TRAIN replaces gpt_train's arguments (a smoke test on the CPU: --preset tiny --device cpu)
 read -r -a args <<<"${DDP_TRAIN:---preset gpt2.7b --steps 20 --warmup 5 --deterministic}"
 train=("${DDP_PYTHON:-python3}" bench/gpt_train.py "${args[@]}")
-run() { # name, then torchrun's command
+# torchrun sets OMP_NUM_THREADS=1 when unset: FSDP2 runs AdamW on the CPU, so each rank gets
+# its share of the cores, as the single-GPU FSDP2 run has all of them.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(($(nproc) / N))}
+run() { # name, then torchrun's command; DDP_ONLY (e.g. psshim,fsdp) picks runs
   local name=$1
   shift
+  [[ ",${DDP_ONLY:-native,psshim,fsdp}," == *",$name,"* ]] || return 0
   timeout "${DDP_TIMEOUT:-240}" torchrun --nproc_per_node="$N" --no-python "$@" >"$OUT/$name.log" 2>&1
   echo "$name: rc $? ($(tail -1 "$OUT/$name.log"))"
+  grep -m3 "^psshim:" "$OUT/$name.log"
 }
 run native tests/gpu/rank_env.sh "${train[@]}" --ddp --json "$OUT/native.json"
 RANK_ENV_LIB=$G/libpsshim.so RANK_ENV_STATS=$OUT/psshim PSSHIM_POLICY=auto PSSHIM_GPU_BUDGET=$BUDGET \
