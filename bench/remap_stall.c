@@ -1,6 +1,8 @@
 /* What does remapping an idle 16 MiB range (cuMemUnmap + cuMemMap + cuMemSetAccess) cost,
  * and does it slow the GPU work running beside it? The pager remaps hundreds of chunks a
- * step while kernels run. One stream runs a fixed queue of large memsets (the "kernels");
+ * step while kernels run. One stream runs a fixed queue of large memsets (the "kernels":
+ * 3000 of 256 MiB, ~60 us each, or 188 of 4 GiB, ~1 ms each, as a training step's GEMMs;
+ * does a remap wait for the kernel running?);
  * the host thread that queues them remaps a separate, idle range every K memsets, as the
  * launching thread does under psshim, between two device frames or between a device and
  * a host (HOST_NUMA) frame, with or without 2000 other 16 MiB chunks mapped in the same
@@ -9,12 +11,13 @@
  * second stream that reads the range's frame through another mapping (as the pager's
  * copies read a frame through its staging address). Prints, per case, the GPU time of the
  * queue (events) against the same queue with no remaps, and the host time of each call:
- *   {"frames": F, "others": N, "others_on": O, "copy_in_flight": C, "remap_every": K, "remaps": R,
+ *   {"frames": F, "others": N, "others_on": O, "copy_in_flight": C, "memset_mib": S, "remap_every": K, "remaps": R,
  *    "gpu_ms": G, "base_gpu_ms": B, "unmap_us": U, "map_us": M, "access_us": A}
  * Build: cc -O2 -I$CUDA/include bench/remap_stall.c -L$CUDA/lib64 -lcuda -o remap_stall */
 #include <cuda.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #define CHECK(call)                                                                      \
@@ -28,7 +31,15 @@
     }                                                                                    \
   } while (0)
 
-enum { MEMSETS = 3000, WORK_BYTES = 256 << 20, CHUNK = 16 << 20, OTHERS = 2000, HOST_OTHERS = 1024 };
+enum { CHUNK = 16 << 20, OTHERS = 2000, HOST_OTHERS = 1024 };
+#define WORK_BYTES (3000ull << 28) /* the whole queue's memset bytes */
+#define LONG_MEMSET (4ull << 30)
+
+struct queue {
+  CUstream s;
+  CUdeviceptr work; /* LONG_MEMSET bytes */
+  size_t memset_bytes; /* each memset's */
+};
 
 static double now_us(void)
 {
@@ -65,15 +76,16 @@ static void remap(struct range *r)
   r->access_us += t3 - t2;
 }
 
-/* Queues MEMSETS memsets, remapping every `every` of them (0: never); returns the GPU ms. */
-static float run_queue(CUstream s, CUdeviceptr work, struct range *r, int every, int *remaps)
+/* Queues WORK_BYTES of memsets, remapping every `every` of them (0: never); returns the GPU ms. */
+static float run_queue(const struct queue *q, struct range *r, int every, int *remaps)
 {
+  CUstream s = q->s;
   CUevent start, stop;
   CHECK(cuEventCreate(&start, CU_EVENT_DEFAULT));
   CHECK(cuEventCreate(&stop, CU_EVENT_DEFAULT));
   CHECK(cuEventRecord(start, s));
-  for (int i = 0; i < MEMSETS; i++) {
-    CHECK(cuMemsetD32Async(work, (unsigned)i, WORK_BYTES / 4, s));
+  for (int i = 0; i < (int)(WORK_BYTES / q->memset_bytes); i++) {
+    CHECK(cuMemsetD32Async(q->work, (unsigned)i, q->memset_bytes / 4, s));
     if (every && i % every == every - 1) {
       remap(r);
       (*remaps)++;
@@ -99,7 +111,7 @@ static CUmemGenericAllocationHandle make_frame(CUmemLocation where)
 /* One case: frames[1] on the host or not, `others` more chunks mapped after the first
  * (sharing one device frame, or each its own host frame: pinned host memory as psshim's
  * host frames hold it), a copy queued before each remap or not. */
-static void run_case(CUstream s, CUdeviceptr work, CUdevice dev, int host, int others, int others_on_host,
+static void run_case(const struct queue *q, CUdevice dev, int host, int others, int others_on_host,
                      CUstream copy_stream)
 {
   CUmemLocation gpu = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev};
@@ -126,18 +138,18 @@ static void run_case(CUstream s, CUdeviceptr work, CUdevice dev, int host, int o
     CHECK(cuMemSetAccess(r.va + (size_t)i * CHUNK, CHUNK, &r.access, 1));
   }
   int none = 0;
-  run_queue(s, work, &r, 4, &none); /* warm-up */
+  run_queue(q, &r, 4, &none); /* warm-up */
   const int every[] = {1, 16};
   for (size_t k = 0; k < sizeof every / sizeof every[0]; k++) {
     int remaps = 0;
     r.unmap_us = r.map_us = r.access_us = 0;
-    float base = run_queue(s, work, &r, 0, &none);
-    float ms = run_queue(s, work, &r, every[k], &remaps);
-    printf("{\"frames\": \"%s\", \"others\": %d, \"others_on\": \"%s\", \"copy_in_flight\": %d, "
+    float base = run_queue(q, &r, 0, &none);
+    float ms = run_queue(q, &r, every[k], &remaps);
+    printf("{\"frames\": \"%s\", \"others\": %d, \"others_on\": \"%s\", \"copy_in_flight\": %d, \"memset_mib\": %zu, "
            "\"remap_every\": %d, \"remaps\": %d, \"gpu_ms\": %.2f, \"base_gpu_ms\": %.2f, \"unmap_us\": %.1f, "
            "\"map_us\": %.1f, \"access_us\": %.1f}\n",
            host ? "device<->host" : "device<->device", others, others_on_host ? "host" : "device",
-           copy_stream != NULL, every[k], remaps, ms, base, r.unmap_us / remaps, r.map_us / remaps,
+           copy_stream != NULL, q->memset_bytes >> 20, every[k], remaps, ms, base, r.unmap_us / remaps, r.map_us / remaps,
            r.access_us / remaps);
   }
   CHECK(cuCtxSynchronize());
@@ -154,28 +166,34 @@ static void run_case(CUstream s, CUdeviceptr work, CUdevice dev, int host, int o
   CHECK(cuMemAddressFree(r.va, span));
 }
 
-int main(void)
+/* remap_stall [long]: every case with 256 MiB memsets, then the long-kernel cases; "long":
+ * only those. */
+int main(int argc, char **argv)
 {
   CUdevice dev;
   CUcontext ctx;
-  CUstream s;
-  CUdeviceptr work;
+  struct queue q = {.memset_bytes = 256 << 20};
   CHECK(cuInit(0));
   CHECK(cuDeviceGet(&dev, 0));
   CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
   CHECK(cuCtxSetCurrent(ctx));
-  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-  CHECK(cuMemAlloc(&work, WORK_BYTES));
+  CHECK(cuStreamCreate(&q.s, CU_STREAM_NON_BLOCKING));
+  CHECK(cuMemAlloc(&q.work, LONG_MEMSET));
   CUstream copies;
   CHECK(cuStreamCreate(&copies, CU_STREAM_NON_BLOCKING));
-  for (int host = 0; host < 2; host++) {
-    run_case(s, work, dev, host, 0, 0, NULL);
-    run_case(s, work, dev, host, OTHERS, 0, NULL);
-    run_case(s, work, dev, host, 0, 0, copies);
+  if (argc < 2 || strcmp(argv[1], "long") != 0) {
+    for (int host = 0; host < 2; host++) {
+      run_case(&q, dev, host, 0, 0, NULL);
+      run_case(&q, dev, host, OTHERS, 0, NULL);
+      run_case(&q, dev, host, 0, 0, copies);
+    }
+    run_case(&q, dev, 1, HOST_OTHERS, 1, NULL); /* 16 GiB pinned, as psshim's host frames at 1.25x */
   }
-  run_case(s, work, dev, 1, HOST_OTHERS, 1, NULL); /* 16 GiB pinned, as psshim's host frames at 1.25x */
+  q.memset_bytes = LONG_MEMSET;
+  for (int host = 0; host < 2; host++)
+    run_case(&q, dev, host, 0, 0, NULL);
   CHECK(cuStreamDestroy(copies));
-  CHECK(cuMemFree(work));
-  CHECK(cuStreamDestroy(s));
+  CHECK(cuMemFree(q.work));
+  CHECK(cuStreamDestroy(q.s));
   return 0;
 }
