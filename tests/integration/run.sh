@@ -99,6 +99,16 @@ iterations)
   read -r _ iterations _ _ _ _ per_it _ <<<"$line"
   [ "$per_it" = 24 ] || fail "$per_it launches per iteration, expected 24"
   [ "$iterations" -ge 280 ] || fail "only $iterations iterations of 300 found"
+  # The same launches, but each step keeps 2 MiB: periodic, yet no iteration (its memory
+  # grows, as a forward pass's layers do), so no period is taken and nothing pages by one.
+  under_psshim PSSHIM_CUPTI="$FAKE_CUPTI" PSSHIM_STATS="$tmp/keep.json" PSSHIM_POLICY=auto PSSHIM_GPU_BUDGET=64M \
+    PSSHIM_HOST_BUDGET=1G TRAIN_SIM_KEEP=1 "$prog" 150 8 2 >/dev/null || fail "run keeping a step's activation"
+  python3 - "$tmp/keep.json" <<'PY' || fail "a growing loop was taken for an iteration"
+import json, sys
+s = json.load(open(sys.argv[1]))
+print(f"memory growing every step: period {s['period']}, iterations {s['iterations']}, plans {s['plans']}")
+sys.exit(0 if s["period"] == 0 and s["iterations"] == 0 and s["plans"] == 0 else 1)
+PY
   ;;
 replay)
   # A real torch run's trace (bench/results/gpt_small.trace: a small GPT, 30 steps, bf16

@@ -5,6 +5,8 @@
  * optimizer state once). Every value is checked at the end of every step. Run under
  * LD_PRELOAD=libpsshim.so with a GPU budget below its peak, it must finish with the same
  * checksums as without psshim. Prints one summary line; exits non-zero on a mismatch.
+ * TRAIN_SIM_KEEP=1 keeps each step's first activation to the end (a loop whose memory
+ * grows every step, as a forward pass's layers keep theirs).
  * Usage: train_sim [steps] [layers] [MiB per layer] */
 #define SIM_NAME "train_sim"
 #include "tests/integration/sim.h"
@@ -64,6 +66,8 @@ int main(int argc, char **argv)
       expect_s[(uint64_t)l * n + i] = 0;
     }
   }
+  bool keep = getenv("TRAIN_SIM_KEEP") && atoi(getenv("TRAIN_SIM_KEEP"));
+  uint32_t **kept = calloc((size_t)steps, sizeof *kept);
   for (int step = 0; step < steps; step++) {
     uint32_t **act = calloc((size_t)layers, sizeof *act);
     for (int l = 0; l < layers; l++) {
@@ -77,7 +81,10 @@ int main(int argc, char **argv)
       void *fp[] = {&param[l], &act[l], &n, &st}, *up[] = {&param[l], &state[l], &act[l], &n};
       launch(forward_kernel, fp, s); /* recomputed, as under activation checkpointing */
       launch(update_kernel, up, s);
-      check(cudaFreeAsync(act[l], s), "cudaFreeAsync");
+      if (keep && l == 0)
+        kept[step] = act[l];
+      else
+        check(cudaFreeAsync(act[l], s), "cudaFreeAsync");
       for (uint64_t i = 0; i < n; i++) { /* the same arithmetic on the host */
         uint32_t *p = &expect_p[(uint64_t)l * n + i];
         *p += (*p * 3u + (uint32_t)step) & 0xffu;
@@ -87,6 +94,10 @@ int main(int argc, char **argv)
     free(act);
     check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
   }
+  for (int step = 0; step < steps; step++)
+    if (kept[step])
+      check(cudaFree(kept[step]), "cudaFree");
+  free(kept);
   uint64_t bad = 0, sum = 0;
   for (int l = 0; l < layers; l++) {
     check(cudaMemcpy(host, param[l], layer_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
