@@ -13,8 +13,10 @@
  * queue (events) against the same queue with no remaps, and the host time of each call:
  *   {"frames": F, "others": N, "others_on": O, "copy_in_flight": C, "memset_mib": S, "remap_every": K, "remaps": R,
  *    "gpu_ms": G, "base_gpu_ms": B, "unmap_us": U, "map_us": M, "access_us": A}
- * Build: cc -O2 -I$CUDA/include bench/remap_stall.c -L$CUDA/lib64 -lcuda -o remap_stall */
+ * Build: cc -O2 -I$CUDA/include bench/remap_stall.c -L$CUDA/lib64 -lcuda -lcupti -o remap_stall */
 #include <cuda.h>
+#include <cupti.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +41,7 @@ struct queue {
   CUstream s;
   CUdeviceptr work; /* LONG_MEMSET bytes */
   size_t memset_bytes; /* each memset's */
+  const char *cupti; /* "off"; "attached": subscribed, remaps on the host thread; "in_callback" */
 };
 
 static double now_us(void)
@@ -76,21 +79,42 @@ static void remap(struct range *r)
   r->access_us += t3 - t2;
 }
 
+/* The remaps done from CUPTI's callback at the return of each memset, as the pager moves
+ * chunks from inside a launch's callback. */
+static struct {
+  struct range *r;
+  int every, calls, *remaps;
+} in_callback;
+
+static void CUPTIAPI on_memset(void *user, CUpti_CallbackDomain domain, CUpti_CallbackId id, const void *data)
+{
+  (void)user, (void)domain, (void)id;
+  const CUpti_CallbackData *cb = data;
+  if (cb->callbackSite != CUPTI_API_EXIT || !in_callback.r || ++in_callback.calls % in_callback.every)
+    return;
+  remap(in_callback.r);
+  (*in_callback.remaps)++;
+}
+
 /* Queues WORK_BYTES of memsets, remapping every `every` of them (0: never); returns the GPU ms. */
 static float run_queue(const struct queue *q, struct range *r, int every, int *remaps)
 {
   CUstream s = q->s;
+  bool from_callback = every && strcmp(q->cupti, "in_callback") == 0;
+  if (from_callback)
+    in_callback.r = r, in_callback.every = every, in_callback.calls = 0, in_callback.remaps = remaps;
   CUevent start, stop;
   CHECK(cuEventCreate(&start, CU_EVENT_DEFAULT));
   CHECK(cuEventCreate(&stop, CU_EVENT_DEFAULT));
   CHECK(cuEventRecord(start, s));
   for (int i = 0; i < (int)(WORK_BYTES / q->memset_bytes); i++) {
     CHECK(cuMemsetD32Async(q->work, (unsigned)i, q->memset_bytes / 4, s));
-    if (every && i % every == every - 1) {
+    if (every && !from_callback && i % every == every - 1) {
       remap(r);
       (*remaps)++;
     }
   }
+  in_callback.r = NULL;
   CHECK(cuEventRecord(stop, s));
   CHECK(cuEventSynchronize(stop));
   float ms = 0;
@@ -146,10 +170,11 @@ static void run_case(const struct queue *q, CUdevice dev, int host, int others, 
     float base = run_queue(q, &r, 0, &none);
     float ms = run_queue(q, &r, every[k], &remaps);
     printf("{\"frames\": \"%s\", \"others\": %d, \"others_on\": \"%s\", \"copy_in_flight\": %d, \"memset_mib\": %zu, "
+           "\"cupti\": \"%s\", "
            "\"remap_every\": %d, \"remaps\": %d, \"gpu_ms\": %.2f, \"base_gpu_ms\": %.2f, \"unmap_us\": %.1f, "
            "\"map_us\": %.1f, \"access_us\": %.1f}\n",
            host ? "device<->host" : "device<->device", others, others_on_host ? "host" : "device",
-           copy_stream != NULL, q->memset_bytes >> 20, every[k], remaps, ms, base, r.unmap_us / remaps, r.map_us / remaps,
+           copy_stream != NULL, q->memset_bytes >> 20, q->cupti, every[k], remaps, ms, base, r.unmap_us / remaps, r.map_us / remaps,
            r.access_us / remaps);
   }
   CHECK(cuCtxSynchronize());
@@ -166,13 +191,24 @@ static void run_case(const struct queue *q, CUdevice dev, int host, int others, 
   CHECK(cuMemAddressFree(r.va, span));
 }
 
-/* remap_stall [long]: every case with 256 MiB memsets, then the long-kernel cases; "long":
- * only those. */
+#define CUPTI_CHECK(call)                                                                \
+  do {                                                                                   \
+    if ((call) != CUPTI_SUCCESS) {                                                       \
+      fprintf(stderr, "remap_stall: %s failed\n", #call);                                \
+      exit(1);                                                                           \
+    }                                                                                    \
+  } while (0)
+
+/* remap_stall [long|cupti]: every case with 256 MiB memsets, then the long-kernel cases;
+ * "long": only those; "cupti": device<->host remaps with CUPTI off, then subscribed to the
+ * memsets' callbacks (as psshim's tracer is) with remaps on the host thread, then with the
+ * remaps made inside the callback (as the pager's are). */
 int main(int argc, char **argv)
 {
   CUdevice dev;
   CUcontext ctx;
-  struct queue q = {.memset_bytes = 256 << 20};
+  struct queue q = {.memset_bytes = 256 << 20, .cupti = "off"};
+  const char *mode = argc > 1 ? argv[1] : "all";
   CHECK(cuInit(0));
   CHECK(cuDeviceGet(&dev, 0));
   CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
@@ -181,17 +217,29 @@ int main(int argc, char **argv)
   CHECK(cuMemAlloc(&q.work, LONG_MEMSET));
   CUstream copies;
   CHECK(cuStreamCreate(&copies, CU_STREAM_NON_BLOCKING));
-  if (argc < 2 || strcmp(argv[1], "long") != 0) {
-    for (int host = 0; host < 2; host++) {
-      run_case(&q, dev, host, 0, 0, NULL);
-      run_case(&q, dev, host, OTHERS, 0, NULL);
-      run_case(&q, dev, host, 0, 0, copies);
+  if (strcmp(mode, "cupti") == 0) {
+    run_case(&q, dev, 1, 0, 0, NULL);
+    CUpti_SubscriberHandle sub;
+    CUPTI_CHECK(cuptiSubscribe(&sub, on_memset, NULL));
+    CUPTI_CHECK(cuptiEnableCallback(1, sub, CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async));
+    q.cupti = "attached";
+    run_case(&q, dev, 1, 0, 0, NULL);
+    q.cupti = "in_callback";
+    run_case(&q, dev, 1, 0, 0, NULL);
+    CUPTI_CHECK(cuptiUnsubscribe(sub));
+  } else {
+    if (strcmp(mode, "long") != 0) {
+      for (int host = 0; host < 2; host++) {
+        run_case(&q, dev, host, 0, 0, NULL);
+        run_case(&q, dev, host, OTHERS, 0, NULL);
+        run_case(&q, dev, host, 0, 0, copies);
+      }
+      run_case(&q, dev, 1, HOST_OTHERS, 1, NULL); /* 16 GiB pinned, as psshim's host frames at 1.25x */
     }
-    run_case(&q, dev, 1, HOST_OTHERS, 1, NULL); /* 16 GiB pinned, as psshim's host frames at 1.25x */
+    q.memset_bytes = LONG_MEMSET;
+    for (int host = 0; host < 2; host++)
+      run_case(&q, dev, host, 0, 0, NULL);
   }
-  q.memset_bytes = LONG_MEMSET;
-  for (int host = 0; host < 2; host++)
-    run_case(&q, dev, host, 0, 0, NULL);
   CHECK(cuStreamDestroy(copies));
   CHECK(cuMemFree(q.work));
   CHECK(cuStreamDestroy(q.s));

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # One device call (after tests/gpu/pack.sh here; device run: bash tests/gpu/pager_study.sh,
-# carrying .gpu): bench/remap_stall.c, then the 2.68B GPT under psshim at the runs named in
-# STUDY_RUNS, each POLICY:RATIO:RUNAHEAD (budget = STUDY_PEAK / RATIO; STUDY_PEAK defaults to
-# the native peak of bench/results run 14). Prints, per run, whether its losses equal run 14's
-# native ones bitwise, the median of the last 5 of 12 steps, the pager's per-step costs from
-# PSSHIM_STATS and every step's time; results in $OUT.
+# carrying .gpu): bench/remap_stall.c (its argument: STUDY_REMAP, default cupti), then the
+# 2.68B GPT under psshim at the runs named in STUDY_RUNS, each POLICY:RATIO:RUNAHEAD
+# (budget = STUDY_PEAK / RATIO; STUDY_PEAK defaults to the native peak of bench/results
+# run 14). Prints, per run, whether its losses equal run 14's native ones bitwise, the
+# median of the last 5 of 12 steps, the pager's per-step costs from PSSHIM_STATS and every
+# step's time; results in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 G=$PWD/.gpu
@@ -15,8 +16,9 @@ W=/tmp/study-work
 mkdir -p "$OUT" "$W"
 export LD_LIBRARY_PATH=$G${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONUNBUFFERED=1
 if [ -z "${STUDY_NO_REMAP:-}" ]; then
-  cc -O2 -I/usr/local/cuda/include bench/remap_stall.c -L/usr/local/cuda/lib64 -lcuda -o "$W/remap_stall" &&
-    timeout 120 "$W/remap_stall" >"$OUT/remap_stall_$RUN.txt" 2>&1
+  cc -O2 -I/usr/local/cuda/include bench/remap_stall.c -L/usr/local/cuda/lib64 -lcuda -lcupti -o "$W/remap_stall" &&
+    LD_LIBRARY_PATH=/usr/local/cuda/lib64:$LD_LIBRARY_PATH timeout 120 "$W/remap_stall" "${STUDY_REMAP:-cupti}" \
+      >"$OUT/remap_stall_$RUN.txt" 2>&1
 fi
 for spec in ${STUDY_RUNS:-auto:1.25:256 auto:1.25:2048 auto:2:256 auto:2:2048 static:2:256}; do
   IFS=: read -r policy ratio runahead <<<"$spec"
