@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
+import json
 import os
 import sys
 import textwrap
@@ -418,6 +420,29 @@ def base_result(a: argparse.Namespace) -> dict:
     }
 
 
+PSSHIM_STEP_FIELDS = ("plan_ns", "move_ns", "remap_ns", "runahead_wait_ns", "plans", "migrations_to_gpu",
+                      "migrations_to_host", "bytes_h2d", "bytes_d2h", "touches_host", "shares", "unshares")
+
+
+def psshim_stats():
+    """psshim's statistics now (its psshim_stats_json), or None when it is not preloaded."""
+    try:
+        fn = ctypes.CDLL(None).psshim_stats_json
+    except AttributeError:
+        return None
+    fn.restype, fn.argtypes = ctypes.c_size_t, [ctypes.c_char_p, ctypes.c_size_t]
+    buf = ctypes.create_string_buffer(8192)
+    n = fn(buf, len(buf))
+    return json.loads(buf.value) if 0 < n < len(buf) else None
+
+
+def psshim_step(before, after) -> dict | None:
+    """What psshim did during one step: the growth of PSSHIM_STEP_FIELDS, with the period."""
+    if not before or not after:
+        return None
+    return {"period": after.get("period"), **{k: after[k] - before[k] for k in PSSHIM_STEP_FIELDS if k in after}}
+
+
 def finish_result(res: dict, a: argparse.Namespace, init_mem: dict) -> None:
     warm = min(a.warmup, max(len(res["step_times_s"]) - 1, 0))
     med = benchlib.median(res["step_times_s"][warm:])
@@ -445,13 +470,15 @@ def train(a: argparse.Namespace, res: dict) -> dict:
     for step in range(a.steps):
         reset_peaks(device)
         synchronize(device)
+        before = psshim_stats()
         t0 = time.perf_counter()
         loss = train_step(model, opt, inputs, targets, autocast)
         synchronize(device)
         dt = time.perf_counter() - t0
         value = loss.float().item()
         rec = {"step": step, "loss_hex": float.hex(value), "loss": value, "time_s": dt,
-               "tflops": res["flops_per_step"] / dt / 1e12, **memory_now(device)}
+               "tflops": res["flops_per_step"] / dt / 1e12, **memory_now(device),
+               "psshim": psshim_step(before, psshim_stats())}
         res["steps"].append(rec)
         res["loss_hex"].append(rec["loss_hex"])
         res["loss"].append(value)

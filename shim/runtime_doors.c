@@ -6,6 +6,9 @@
 
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/types.h>
 
 cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t hStream);
@@ -214,3 +217,28 @@ PS_DEFAULT_VISIBILITY void psshim_free(void *ptr, ssize_t size, int device, cuda
 /* 1 when p lies in psshim's chunk space: for tests and tools that want to know who
  * served an allocation (dlsym(RTLD_DEFAULT, "psshim_owns")). */
 PS_DEFAULT_VISIBILITY int psshim_owns(const void *p) { return psa_owns((CUdeviceptr)p); }
+
+/* The statistics of PSSHIM_STATS as JSON, now: a program (a benchmark's per-step figures)
+ * or a test reads them through dlsym(RTLD_DEFAULT, "psshim_stats_json"). Writes at most
+ * len bytes with the terminating NUL; returns the JSON's length (0 on failure), as
+ * snprintf does. */
+PS_DEFAULT_VISIBILITY size_t psshim_stats_json(char *buf, size_t len)
+{
+  char *text = NULL;
+  size_t n = 0;
+  FILE *f = open_memstream(&text, &n);
+  if (!f)
+    return 0;
+  psa_stats_write(f, true);
+  if (fclose(f) != 0) {
+    free(text);
+    return 0;
+  }
+  if (buf && len) {
+    size_t k = n < len - 1 ? n : len - 1;
+    memcpy(buf, text, k);
+    buf[k] = '\0';
+  }
+  free(text);
+  return n;
+}

@@ -4,8 +4,9 @@
 # 2.68B GPT under psshim at the runs named in STUDY_RUNS, each POLICY:RATIO:RUNAHEAD
 # (budget = STUDY_PEAK / RATIO; STUDY_PEAK defaults to the native peak of bench/results
 # run 14). Prints, per run, whether its losses equal run 14's native ones bitwise, the
-# median of the last 5 of 12 steps, the pager's per-step costs from PSSHIM_STATS and every
-# step's time; results in $OUT.
+# median of the last 5 of 12 steps, the pager's per-step costs from PSSHIM_STATS, every
+# step's time, and each step's plan time, moves and trusted period (gpt_train's record of
+# psshim_stats_json); results in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 G=$PWD/.gpu
@@ -50,6 +51,12 @@ for path in sorted(glob.glob(os.path.join(w, "*.psshim.json"))):
     print(f"{name:18s} {same:7s} {r['median_step_s']:7.3f} {per('plan_ns'):8.1f} {per('move_ns'):8.1f} "
           f"{per('runahead_wait_ns'):8.1f} {s['migrations_to_gpu']:5d} {s['migrations_to_host']:5d} "
           f"{s['peak_host_bytes'] / 2**30:8.2f}  " + " ".join(f"{t:.2f}" for t in r["step_times_s"]))
+    per_step = [x.get("psshim") or {} for x in r.get("steps", [])]
+    if any(per_step):
+        print(f"{'':18s} plan ms by step: " + " ".join(f"{x.get('plan_ns', 0) / 1e6:.0f}" for x in per_step))
+        print(f"{'':18s} moves in/out by step: " +
+              " ".join(f"{x.get('migrations_to_gpu', 0)}/{x.get('migrations_to_host', 0)}" for x in per_step))
+        print(f"{'':18s} period by step: " + " ".join(str(x.get("period", 0)) for x in per_step))
     summary[name] = {"median_step_s": r["median_step_s"], "step_times_s": r["step_times_s"],
                      "loss_hex": r["loss_hex"], "psshim_stats": s}
 json.dump(summary, open(os.path.join(os.environ.get("OUT", w), f"study_{run}.json"), "w"), indent=1)

@@ -37,14 +37,18 @@ train)
   native=$("$prog" 6 8 4) || fail "native run: $native"
   echo "native:      $native"
   for budget in 96M 48M 24M 6M; do
-    out=$(under_psshim PSSHIM_GPU_BUDGET=$budget PSSHIM_HOST_BUDGET=256M PSSHIM_STATS="$tmp/s.json" "$prog" 6 8 4) \
-      || fail "budget $budget: $out"
+    out=$(under_psshim PSSHIM_GPU_BUDGET=$budget PSSHIM_HOST_BUDGET=256M PSSHIM_STATS="$tmp/s.json" \
+      TRAIN_SIM_STATS="$tmp/live.json" "$prog" 6 8 4) || fail "budget $budget: $out"
     echo "psshim $budget: $out"
     [ "${out%, psshim*}" = "${native%, psshim*}" ] || fail "budget $budget: results differ from the native run"
     [[ $out == *"psshim loaded" ]] || fail "psshim was not loaded"
-    python3 - "$tmp/s.json" "$budget" <<'PY' || fail "budget $budget: stats"
+    python3 - "$tmp/s.json" "$budget" "$tmp/live.json" <<'PY' || fail "budget $budget: stats"
 import json, sys
 s = json.load(open(sys.argv[1])); budget = sys.argv[2]
+# What the program read through psshim_stats_json after its last free is what exit wrote.
+live = json.load(open(sys.argv[3]))
+assert (live["allocs"], live["frees"], live["peak_gpu_bytes"]) == (s["allocs"], s["frees"], s["peak_gpu_bytes"]), \
+    f"psshim_stats_json: {live['allocs']} allocs, {live['frees']} frees; at exit {s['allocs']}, {s['frees']}"
 print(f"  stats: allocs {s['allocs']}, peak GPU {s['peak_gpu_bytes']>>20} MiB, peak host {s['peak_host_bytes']>>20} MiB")
 assert s["allocs"] > 0, "psshim served nothing"
 assert s["peak_gpu_bytes"] <= s["gpu_budget"], "GPU budget exceeded"

@@ -6,7 +6,8 @@
  * LD_PRELOAD=libpsshim.so with a GPU budget below its peak, it must finish with the same
  * checksums as without psshim. Prints one summary line; exits non-zero on a mismatch.
  * TRAIN_SIM_KEEP=1 keeps each step's first activation to the end (a loop whose memory
- * grows every step, as a forward pass's layers keep theirs).
+ * grows every step, as a forward pass's layers keep theirs). TRAIN_SIM_STATS=FILE writes
+ * psshim_stats_json's answer there after the last free.
  * Usage: train_sim [steps] [layers] [MiB per layer] */
 #define SIM_NAME "train_sim"
 #include "tests/integration/sim.h"
@@ -110,6 +111,16 @@ int main(int argc, char **argv)
     check(cudaFree(state[l]), "cudaFree");
   }
   int (*owns)(const void *) = (int (*)(const void *))dlsym(RTLD_DEFAULT, "psshim_owns");
+  size_t (*stats_json)(char *, size_t) = (size_t (*)(char *, size_t))dlsym(RTLD_DEFAULT, "psshim_stats_json");
+  if (stats_json && getenv("TRAIN_SIM_STATS")) { /* psshim's figures as the program sees them */
+    FILE *out = fopen(getenv("TRAIN_SIM_STATS"), "w");
+    char text[4096];
+    size_t n = stats_json(text, sizeof text);
+    if (!out || n == 0 || n >= sizeof text || fputs(text, out) < 0 || fclose(out) != 0) {
+      fprintf(stderr, "train_sim: psshim_stats_json gave %zu bytes, or the file could not be written\n", n);
+      return 1;
+    }
+  }
   printf("train_sim: %d steps, %d layers x %llu MiB: checksum %llx, mismatches %llu, psshim %s\n", steps, layers,
          (unsigned long long)(layer_bytes >> 20), (unsigned long long)sum, (unsigned long long)bad,
          owns ? "loaded" : "absent");
