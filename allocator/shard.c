@@ -282,6 +282,14 @@ static struct device *first_device(void)
   return NULL;
 }
 
+/* A round synchronizes the device and checksums every candidate on the CPU. One that
+ * found no chunk equal on every rank doubles the boundaries to the next, up to
+ * MAX_ROUND_GAP (a training loop touches nearly everything every step); one that found
+ * some brings rounds back to every boundary. What decides is agreed (the same on every
+ * rank), so the ranks skip the same boundaries: a round is collective. */
+#define MAX_ROUND_GAP 16
+static uint32_t round_gap = 1, boundaries_since_round; /* under the first device's lock */
+
 void psa_shard_boundary(void)
 {
   if (psc_nranks() < 2 || !atomic_load(&psa_allocs_agree) || ps_options.policy != PS_POLICY_AUTO ||
@@ -292,6 +300,12 @@ void psa_shard_boundary(void)
   if (!d || !period)
     return;
   pthread_mutex_lock(&d->lock);
+  if (++boundaries_since_round < round_gap) {
+    pthread_mutex_unlock(&d->lock);
+    return;
+  }
+  boundaries_since_round = 0;
+  d->stats.share_rounds++;
   struct psa_shard *st = state(d);
   if (!st) {
     stop_sharing();
@@ -320,6 +334,10 @@ void psa_shard_boundary(void)
     st->agreed_before[i] = st->agree[i] && d->chunks[i].frame != psa_shared_frame(d) ? st->sums[i] : 0;
     equal += st->agree[i];
   }
+  if (equal)
+    round_gap = 1;
+  else if (round_gap < MAX_ROUND_GAP)
+    round_gap *= 2;
   ps_log(PS_LOG_DEBUG, "sharding: %llu chunks offered, %llu equal on every rank, %llu shared now (%llu in all)",
          (unsigned long long)offered, (unsigned long long)equal, (unsigned long long)(d->stats.shares - shares),
          (unsigned long long)d->stats.shared_chunks);
