@@ -5,12 +5,13 @@
  * at the chunk's address. The chunk thus stays mapped on every rank (a kernel psshim did
  * not foresee still finds its data) while the node holds it once.
  *
- * Which chunks: at every iteration boundary the ranks checksum their candidate chunks (host
- * frames of spans no younger than an iteration, untouched for an iteration) and compare; a
- * chunk equal on every rank, and unchanged, at two boundaries in a row becomes shared. The ranks evaluate every
- * chunk id at the same boundary and learn the same answer, so they share the same chunks
- * in the same order; what is rank-local (placement, pressure, a launch in flight) only makes
- * a chunk a non-candidate, which every rank then sees as "not equal".
+ * Which chunks: at iteration boundaries (psa_shard_boundary says which) the ranks checksum
+ * their candidate chunks (host frames of spans no younger than an iteration, untouched for
+ * an iteration) and compare; a chunk equal on every rank, and unchanged, at two rounds in a
+ * row becomes shared. The ranks evaluate every chunk id in the same round and learn the
+ * same answer, so they share the same chunks in the same order; what is rank-local
+ * (placement, pressure, a launch in flight) only makes a chunk a non-candidate, which
+ * every rank then sees as "not equal".
  *
  * Writes: a shared chunk is never written in place. Every observed launch, copy or memset
  * that touches one first makes it this rank's own again (psa_unshare: a copy into a frame
