@@ -9,6 +9,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <time.h>
 
 #define PSA_NO_FRAME UINT32_MAX
 #define PSA_MAX_MIGRATIONS 128  /* moves whose copies are in flight at once per device */
@@ -222,5 +223,12 @@ static inline bool psa_gpu_frame_available(const struct device *d)
 }
 
 static inline uint64_t psa_round_up(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
+
+static inline uint64_t psa_now_ns(void)
+{
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
 
 #endif

@@ -174,7 +174,9 @@ uint32_t psa_frame_take(struct device *d, enum psa_where where)
     /* At the limit, but another thread (the host pool) may be making the last frames. */
     if (!d->frames_in_making[where])
       return PSA_NO_FRAME;
+    uint64_t start = psa_now_ns();
     pthread_cond_wait(&d->frame_made, &d->lock);
+    d->stats.frame_wait_ns += psa_now_ns() - start;
   }
   count_held(d, where, +1);
   if (where == PSA_GPU && d->pool_running && d->gpu_frames_held * 4 >= d->gpu_frame_limit * 3)

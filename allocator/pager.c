@@ -36,13 +36,6 @@
 
 static _Atomic bool paging_off; /* see stop_paging */
 
-static uint64_t now_ns(void)
-{
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
-
 /* ---- marks ---- */
 
 /* A mark recorded now on stream s, or NULL. */
@@ -164,7 +157,7 @@ static void trace_move(uint64_t chunk, enum psa_where to, uint64_t bytes, uint64
   struct pst_record r = {.type = PST_REC_MIGRATION,
                          .migration = {.chunk = (uint32_t)chunk, .direction = to == PSA_GPU ? PST_DIR_H2D : PST_DIR_D2H,
                                        .reason = to == PSA_GPU ? PST_REASON_PREFETCH : PST_REASON_EVICT,
-                                       .bytes = bytes, .start_ns = start_ns, .end_ns = now_ns()}};
+                                       .bytes = bytes, .start_ns = start_ns, .end_ns = psa_now_ns()}};
   pst_trace_emit(&r);
 }
 
@@ -193,11 +186,11 @@ static bool movable(struct device *d, uint64_t chunk)
 static bool remap(struct device *d, uint64_t chunk, uint32_t from, uint32_t to)
 {
   CUdeviceptr va = d->base + chunk * d->chunk_size;
-  uint64_t start = now_ns();
+  uint64_t start = psa_now_ns();
   if (PS_CU(ps_driver.cuMemUnmap(va, d->chunk_size)))
     return false;
   if (psa_map(d, va, d->frames[to].handle) == CUDA_SUCCESS) {
-    d->stats.remap_ns += now_ns() - start;
+    d->stats.remap_ns += psa_now_ns() - start;
     return true;
   }
   if (psa_map(d, va, d->frames[from].handle)) /* back onto the frame that holds the data */
@@ -220,7 +213,7 @@ static uint32_t move_onto(struct device *d, uint64_t chunk, uint32_t to, struct 
   uint32_t from = c->frame;
   enum psa_where where = d->frames[to].where;
   CUstream s = where == PSA_GPU ? d->copy_in : d->copy_out;
-  uint64_t start = now_ns();
+  uint64_t start = psa_now_ns();
   if (!remap(d, chunk, from, to)) {
     psa_frame_give(d, to);
     return PSA_NO_FRAME;
@@ -252,7 +245,7 @@ static uint32_t move_onto(struct device *d, uint64_t chunk, uint32_t to, struct 
   }
   psa_trace_chunk(d, chunk, where == PSA_GPU ? PST_CHUNK_FRAME_GPU : PST_CHUNK_FRAME_HOST);
   trace_move(chunk, where, (uint64_t)bytes, start);
-  uint64_t spent = now_ns() - start;
+  uint64_t spent = psa_now_ns() - start;
   d->stats.move_ns += spent;
   d->move_ns_mean = d->move_ns_mean ? (d->move_ns_mean * 15 + spent) / 16 : spent; /* over ~16 moves */
   return from;
@@ -461,6 +454,7 @@ static void plan(struct device *d, uint64_t now)
       d->chunks[i].next_use = 0;
     d->predicted_for = period;
   }
+  uint64_t scan_start = psa_now_ns();
   count_frames(d, now, period, &young_gpu, &young_all, &room);
   if (young_all > d->margin) /* counted in host frames too: what did not fit counts */
     d->stats.margin_frames = d->margin = young_all;
@@ -470,6 +464,7 @@ static void plan(struct device *d, uint64_t now)
     margin = d->gpu_frame_limit;
   uint64_t keep = margin > young_gpu ? margin - young_gpu : 0;
   size_t nf = candidates(d, PSA_HOST, now, period, fetch), nv = candidates(d, PSA_GPU, now, period, victims);
+  d->stats.scan_ns += psa_now_ns() - scan_start;
   size_t v = 0, moves = 0;
   d->stats.plans++;
   d->stats.plans_no_fetch += nf == 0;
@@ -659,11 +654,11 @@ static _Thread_local bool tls_unbracketed; /* this thread's current moment is no
 static bool runahead_wait(CUevent e)
 {
   const struct timespec nap = {0, 20000}; /* 20 us: short against the work of 256 launches */
-  for (uint64_t start = now_ns();;) {
+  for (uint64_t start = psa_now_ns();;) {
     CUresult r = ps_driver.cuEventQuery(e);
     if (r != CUDA_ERROR_NOT_READY)
       return true; /* an error ends the wait too: the work is over, or failed (as in mark_passed) */
-    if (now_ns() - start > RUNAHEAD_WAIT_NS)
+    if (psa_now_ns() - start > RUNAHEAD_WAIT_NS)
       return false;
     nanosleep(&nap, NULL);
   }
@@ -681,10 +676,10 @@ static void hold_back(struct device *d, struct psa_mark *ahead)
     stuck = d->runahead_stuck = NULL;
   }
   pthread_mutex_unlock(&d->lock);
-  uint64_t start = now_ns();
+  uint64_t start = psa_now_ns();
   bool passed = !stuck && runahead_wait(ahead->event); /* without the lock: the reference keeps the event */
   pthread_mutex_lock(&d->lock);
-  d->stats.runahead_wait_ns += now_ns() - start;
+  d->stats.runahead_wait_ns += psa_now_ns() - start;
   if (passed) {
     ahead->done = true;
   } else if (!stuck && !d->runahead_stuck) {
@@ -713,8 +708,9 @@ static uint64_t plan_every(void)
 static void poll_and_plan(struct device *d, const struct pst_launch *l)
 {
   uint64_t every = plan_every();
-  uint64_t start = now_ns();
+  uint64_t start = psa_now_ns();
   psa_moves_poll(d); /* frames whose copies are done come back as room */
+  d->stats.poll_ns += psa_now_ns() - start;
   if (l->seq >= d->next_plan) {
     uint64_t moves = d->stats.migrations_to_gpu + d->stats.migrations_to_host;
     plan(d, l->seq + 1);
@@ -728,7 +724,7 @@ static void poll_and_plan(struct device *d, const struct pst_launch *l)
       d->plan_gap = d->plan_gap * 2 > most ? most : d->plan_gap * 2;
     d->next_plan = l->seq + d->plan_gap;
   }
-  d->stats.plan_ns += now_ns() - start;
+  d->stats.plan_ns += psa_now_ns() - start;
 }
 
 void psa_on_moment(const struct pst_launch *l, bool enter)
