@@ -90,9 +90,10 @@ struct psa_stats {
   uint64_t touches_gpu, touches_host; /* observed chunk touches served from each kind of frame (auto) */
   /* host time auto spent on the launching threads: planning (moves included), moving
    * (queueing copies, remapping), remapping alone, a plan's scans of the chunks, polling
-   * moves in flight before a plan, waiting for the frame pool to make a frame, and holding
-   * the host back to PSSHIM_RUNAHEAD launches ahead */
-  uint64_t plan_ns, move_ns, remap_ns, scan_ns, poll_ns, frame_wait_ns, runahead_wait_ns;
+   * moves in flight before a plan, waiting for the frame pool to make a frame, making
+   * frames (allocating threads too), and holding the host back to PSSHIM_RUNAHEAD
+   * launches ahead */
+  uint64_t plan_ns, move_ns, remap_ns, scan_ns, poll_ns, frame_wait_ns, frame_make_ns, runahead_wait_ns;
   uint64_t runahead_timeouts; /* run-ahead waits that gave up (the work ahead waited for the host) */
   uint64_t event_queries;     /* cuEventQuery calls the pager made to learn what has run */
   /* sharding: the rounds held (device synchronized, chunks checksummed and compared),

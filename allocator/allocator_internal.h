@@ -13,6 +13,10 @@
 
 #define PSA_NO_FRAME UINT32_MAX
 #define PSA_MAX_MIGRATIONS 128  /* moves whose copies are in flight at once per device */
+/* Bytes one plan may start moving, and the bytes of copies in flight beyond which a plan
+ * starts no move (a copy a launch would wait for, queued behind many others, stalls it).
+ * In bytes, so smaller chunks move as fast; at least 8 chunks. */
+#define PSA_PLAN_BYTES (512ull << 20)
 #define PSA_USER_MARKS 4        /* streams whose use of a chunk is tracked at once */
 #define PSA_USES 32             /* recent uses remembered per chunk, to predict the next: a
                                    chunk used more often per iteration counts as always due */

@@ -133,7 +133,17 @@ CUresult psa_frames_init(struct device *d)
                               .location = {.type = CU_MEM_LOCATION_TYPE_HOST_NUMA, .id = 0}};
   size_t gran = 0;
   d->host_numa = ps_driver.cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS;
+  /* Under auto a plan may evict PSA_PLAN_BYTES at once into new host frames: made on the
+   * launching thread, each would cost it ~5 ms (16 MiB). The pool keeps that many ready,
+   * but never more than 1/16 of the host budget idle (the node's ranks share it). */
   d->pool_target = 4;
+  if (ps_options.policy == PS_POLICY_AUTO) {
+    uint64_t want = PSA_PLAN_BYTES / d->chunk_size, most = d->host_frame_limit / 16;
+    if (want > most)
+      want = most;
+    if (want > d->pool_target)
+      d->pool_target = (uint32_t)want;
+  }
   pthread_cond_init(&d->pool_wake, NULL);
   pthread_cond_init(&d->frame_made, NULL);
   if (d->host_frame_limit == 0)
@@ -169,12 +179,15 @@ uint32_t psa_frame_take(struct device *d, enum psa_where where)
       *head = d->frames[id].next_free;
       break;
     }
-    if ((id = make(d, where)) != PSA_NO_FRAME)
+    uint64_t start = psa_now_ns();
+    id = make(d, where);
+    d->stats.frame_make_ns += psa_now_ns() - start;
+    if (id != PSA_NO_FRAME)
       break;
     /* At the limit, but another thread (the host pool) may be making the last frames. */
     if (!d->frames_in_making[where])
       return PSA_NO_FRAME;
-    uint64_t start = psa_now_ns();
+    start = psa_now_ns();
     pthread_cond_wait(&d->frame_made, &d->lock);
     d->stats.frame_wait_ns += psa_now_ns() - start;
   }

@@ -28,10 +28,6 @@
 #include <string.h>
 #include <time.h>
 
-/* Bytes one plan may start moving, and the bytes of copies in flight beyond which a plan
- * starts no move (a copy a launch would wait for, queued behind many others, stalls it).
- * In bytes, so smaller chunks move as fast; at least 8 chunks. */
-#define PLAN_BYTES (512ull << 20)
 #define MARGIN_LOOKAHEAD 8 /* room is made for the margin 1/8 of an iteration ahead */
 
 static _Atomic bool paging_off; /* see stop_paging */
@@ -340,10 +336,10 @@ void psa_moves_poll(struct device *d)
 
 /* ---- decisions (PSSHIM_POLICY=auto) ---- */
 
-/* Moves per plan, and copies in flight a plan may add to (see PLAN_BYTES). */
+/* Moves per plan, and copies in flight a plan may add to (see PSA_PLAN_BYTES). */
 static uint32_t plan_moves(const struct device *d)
 {
-  uint64_t n = PLAN_BYTES / d->chunk_size;
+  uint64_t n = PSA_PLAN_BYTES / d->chunk_size;
   return n < 8 ? 8 : n > PSA_MAX_MIGRATIONS / 2 ? PSA_MAX_MIGRATIONS / 2 : (uint32_t)n;
 }
 

@@ -52,7 +52,7 @@ void psa_stats_write(FILE *f, bool json)
             "\"iterations\": %llu, \"period\": %llu, \"plans\": %llu, \"plans_no_fetch\": %llu, "
             "\"plans_no_victim\": %llu, \"plans_belady\": %llu, \"plans_no_gain\": %llu, \"margin_frames\": %llu, "
             "\"plan_ns\": %llu, \"move_ns\": %llu, \"remap_ns\": %llu, \"scan_ns\": %llu, \"poll_ns\": %llu, "
-            "\"frame_wait_ns\": %llu, \"runahead_wait_ns\": %llu, \"runahead_timeouts\": %llu, "
+            "\"frame_wait_ns\": %llu, \"frame_make_ns\": %llu, \"runahead_wait_ns\": %llu, \"runahead_timeouts\": %llu, "
             "\"event_queries\": %llu, \"share_rounds\": %llu, \"shares\": %llu, "
             "\"unshares\": %llu, \"shared_chunks\": %llu, \"shared_host_bytes\": %llu, "
             "\"shard_saved_bytes\": %llu, \"peak_shard_saved_bytes\": %llu}\n",
@@ -72,7 +72,8 @@ void psa_stats_write(FILE *f, bool json)
             (unsigned long long)s.plans_belady, (unsigned long long)s.plans_no_gain,
             (unsigned long long)s.margin_frames, (unsigned long long)s.plan_ns, (unsigned long long)s.move_ns,
             (unsigned long long)s.remap_ns, (unsigned long long)s.scan_ns, (unsigned long long)s.poll_ns,
-            (unsigned long long)s.frame_wait_ns, (unsigned long long)s.runahead_wait_ns,
+            (unsigned long long)s.frame_wait_ns, (unsigned long long)s.frame_make_ns,
+            (unsigned long long)s.runahead_wait_ns,
             (unsigned long long)s.runahead_timeouts, (unsigned long long)s.event_queries,
             (unsigned long long)s.share_rounds, (unsigned long long)s.shares,
             (unsigned long long)s.unshares, (unsigned long long)s.shared_chunks,

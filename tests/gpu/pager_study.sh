@@ -53,7 +53,7 @@ for path in sorted(glob.glob(os.path.join(w, "*.psshim.json"))):
           f"{s['peak_host_bytes'] / 2**30:8.2f}  " + " ".join(f"{t:.2f}" for t in r["step_times_s"]))
     per_step = [x.get("psshim") or {} for x in r.get("steps", [])]
     if any(per_step):
-        for k in ("plan", "move", "scan", "poll", "frame_wait"):
+        for k in ("plan", "move", "scan", "poll", "frame_wait", "frame_make"):
             print(f"{'':18s} {k} ms by step: " + " ".join(f"{x.get(k + '_ns', 0) / 1e6:.0f}" for x in per_step))
         print(f"{'':18s} moves in/out by step: " +
               " ".join(f"{x.get('migrations_to_gpu', 0)}/{x.get('migrations_to_host', 0)}" for x in per_step))
