@@ -20,8 +20,7 @@ static psp_period *detector;
 static uint64_t fed, next_ask, next_boundary, iteration;
 static uint32_t period, candidate; /* adopted period, and the last one the detector gave */
 static bool trusted; /* period's boundaries have come back to the same live bytes */
-static uint64_t live_at_boundary; /* at period's last boundary; NO_LIVE before the first */
-static uint64_t allocs_at_boundary;
+static uint64_t live_at_boundary, allocs_at_boundary; /* at period's last boundary (NO_LIVE: none yet) */
 static _Atomic uint32_t adopted; /* period once trusted (else 0), readable without the lock */
 
 #define NO_LIVE UINT64_MAX
@@ -31,12 +30,13 @@ static _Atomic bool sampling, in_sample;
 static CUcontext sampler_ctx;
 
 /* A period is only a candidate iteration until two of its boundaries in a row find the
- * same bytes allocated, give or take STEADY_SLACK: a layer's launches repeat as a step's
- * do, but each layer leaves its activations behind (megabytes), while a step may keep a
- * few bytes (a loss tensor a loop logs). On the H200, while such periods stood (232
- * "iterations" in 12 steps), auto's first steps of the 2.68B GPT at 2x the budget took
- * 15 s against static placement's 6, and a DDP rank's first step took 199 s, likely in
- * sharing rounds at their boundaries. Called under period_lock. */
+ * same bytes allocated, give or take STEADY_SLACK, with allocations between them (an
+ * iteration allocates its activations): a layer's launches repeat as a step's do, but each
+ * layer leaves its activations behind (megabytes), while a step may keep a few bytes (a
+ * loss tensor a loop logs). On the H200, while such periods stood (232 "iterations" in 12
+ * steps), auto's first steps of the 2.68B GPT at 2x the budget took 15 s against static
+ * placement's 6, and a DDP rank's first step took 199 s, likely in sharing rounds at
+ * their boundaries. Called under period_lock, which is taken before the devices' locks. */
 static void distrust(void)
 {
   trusted = false;
