@@ -133,17 +133,7 @@ CUresult psa_frames_init(struct device *d)
                               .location = {.type = CU_MEM_LOCATION_TYPE_HOST_NUMA, .id = 0}};
   size_t gran = 0;
   d->host_numa = ps_driver.cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS;
-  /* Under auto a plan may evict PSA_PLAN_BYTES at once into new host frames: made on the
-   * launching thread, each would cost it ~5 ms (16 MiB). The pool keeps that many ready,
-   * but never more than 1/16 of the host budget idle (the node's ranks share it). */
   d->pool_target = 4;
-  if (ps_options.policy == PS_POLICY_AUTO) {
-    uint64_t want = PSA_PLAN_BYTES / d->chunk_size, most = d->host_frame_limit / 16;
-    if (want > most)
-      want = most;
-    if (want > d->pool_target)
-      d->pool_target = (uint32_t)want;
-  }
   pthread_cond_init(&d->pool_wake, NULL);
   pthread_cond_init(&d->frame_made, NULL);
   if (d->host_frame_limit == 0)
