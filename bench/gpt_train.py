@@ -109,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "prints, and each rank writes --json, rank r > 0 to PATH.rank<r>")
     g = p.add_argument_group("output")
     g.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
+    g.add_argument("--profile", action="store_true",
+                   help="after the timed steps, run one more under torch.profiler and record in the JSON "
+                        "where its GPU time went: kernels, copies and memsets, the share of the step the GPU "
+                        "was busy, the top kernels")
     return p
 
 
@@ -385,6 +389,41 @@ def train_step(model, opt, inputs, targets, autocast) -> torch.Tensor:
     return loss.detach()
 
 
+def profile_step(model, opt, inputs, targets, autocast, device) -> dict:
+    """One more step under torch.profiler: GPU time by kind, busy share, top kernels. A
+    profiler that cannot attach (CUPTI has one callback subscriber, and psshim may hold it)
+    is recorded as an error, not raised."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    try:
+        synchronize(device)
+        t0 = time.perf_counter()
+        with profile(activities=acts) as prof:
+            train_step(model, opt, inputs, targets, autocast)
+            synchronize(device)
+        wall = time.perf_counter() - t0
+        gpu = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    except Exception as e:  # noqa: BLE001 - any profiler failure is a result to report
+        return {"error": repr(e)}
+    kinds, by_name, spans = {"kernel": 0.0, "memcpy": 0.0, "memset": 0.0}, {}, []
+    for e in gpu:
+        us = e.time_range.elapsed_us()
+        kind = "memcpy" if e.name.startswith("Memcpy") else "memset" if e.name.startswith("Memset") else "kernel"
+        kinds[kind] += us
+        by_name[e.name] = by_name.get(e.name, 0.0) + us
+        spans.append((e.time_range.start, e.time_range.end))
+    busy, end = 0.0, None  # the union of the GPU events' intervals: time anything ran
+    for a, b in sorted(spans):
+        if end is None or a > end:
+            busy, end = busy + (b - a), b
+        elif b > end:
+            busy, end = busy + (b - end), b
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:12]
+    return {"wall_s": wall, "gpu_us_by_kind": kinds, "gpu_busy_us": busy, "gpu_busy_share": busy / 1e6 / wall,
+            "top_gpu_us": top, "gpu_events": len(gpu)}
+
+
 def step_line(rec: dict) -> str:
     mem = ""
     if rec.keys() & {"max_allocated_bytes", "device_used_bytes"}:
@@ -486,6 +525,12 @@ def train(a: argparse.Namespace, res: dict) -> dict:
         res["step_times_s"].append(dt)
         finish_result(res, a, init_mem)
         say(step_line(rec))
+    if a.profile:
+        res["profile"] = profile_step(model, opt, inputs, targets, autocast, device)
+        p = res["profile"]
+        say(f"gpt_train: profiled step: {p['error']}" if "error" in p else
+            f"gpt_train: profiled step {p['wall_s']:.3f} s, GPU busy {p['gpu_busy_share']:.0%}, "
+            f"kernels {p['gpu_us_by_kind']['kernel'] / 1e3:.0f} ms, copies {p['gpu_us_by_kind']['memcpy'] / 1e3:.0f} ms")
     return res
 
 

@@ -6,7 +6,8 @@
 # run 14). Prints, per run, whether its losses equal run 14's native ones bitwise, the
 # median of the last 5 of 12 steps, the pager's per-step costs from PSSHIM_STATS, every
 # step's time, and each step's plan time, moves and trusted period (gpt_train's record of
-# psshim_stats_json); results in $OUT.
+# psshim_stats_json); results in $OUT. STUDY_TRAIN_ARGS adds gpt_train arguments (--profile:
+# where one more step's GPU time went).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 G=$PWD/.gpu
@@ -28,7 +29,7 @@ for spec in ${STUDY_RUNS:-auto:1.25:256 auto:1.25:2048 auto:2:256 auto:2:2048 st
   start=$(date +%s)
   LD_PRELOAD=$G/libpsshim.so PSSHIM_GPU_BUDGET=$budget PSSHIM_POLICY=$policy PSSHIM_RUNAHEAD=$runahead \
     PSSHIM_STATS=$W/$name.psshim.json timeout "${STUDY_TIMEOUT:-150}" python3 bench/gpt_train.py --preset gpt2.7b \
-    --steps 12 --warmup 7 --deterministic --json "$W/$name.json" >"$W/$name.log" 2>&1
+    --steps 12 --warmup 7 --deterministic --json "$W/$name.json" ${STUDY_TRAIN_ARGS:-} >"$W/$name.log" 2>&1
   echo "$name: rc $? in $(($(date +%s) - start)) s" >>"$OUT/study_$RUN.txt"
 done
 python3 - "$W" "$RUN" >>"$OUT/study_$RUN.txt" <<'PY'
@@ -58,6 +59,12 @@ for path in sorted(glob.glob(os.path.join(w, "*.psshim.json"))):
         print(f"{'':18s} moves in/out by step: " +
               " ".join(f"{x.get('migrations_to_gpu', 0)}/{x.get('migrations_to_host', 0)}" for x in per_step))
         print(f"{'':18s} period by step: " + " ".join(str(x.get("period", 0)) for x in per_step))
+    prof = r.get("profile")
+    if prof:  # gpt_train --profile (STUDY_TRAIN_ARGS): one more step, under torch.profiler
+        print(f"{'':18s} profiled step: " + (prof["error"] if "error" in prof else
+              f"{prof['wall_s']:.3f} s, GPU busy {prof['gpu_busy_share']:.0%}, " +
+              ", ".join(f"{k} {v / 1e3:.0f} ms" for k, v in prof["gpu_us_by_kind"].items()) +
+              "; top: " + ", ".join(f"{n[:40]} {t / 1e3:.0f} ms" for n, t in prof["top_gpu_us"][:4])))
     summary[name] = {"median_step_s": r["median_step_s"], "step_times_s": r["step_times_s"],
                      "loss_hex": r["loss_hex"], "psshim_stats": s}
 json.dump(summary, open(os.path.join(os.environ.get("OUT", w), f"study_{run}.json"), "w"), indent=1)
