@@ -18,8 +18,8 @@ W=/tmp/study-work
 mkdir -p "$OUT" "$W"
 export LD_LIBRARY_PATH=$G${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONUNBUFFERED=1
 if [ -z "${STUDY_NO_REMAP:-}" ]; then
-  cc -O2 -I/usr/local/cuda/include bench/remap_stall.c -L/usr/local/cuda/lib64 -lcuda -lcupti -o "$W/remap_stall" &&
-    LD_LIBRARY_PATH=/usr/local/cuda/lib64:$LD_LIBRARY_PATH timeout 120 "$W/remap_stall" "${STUDY_REMAP:-cupti}" \
+  cc -O2 -I/usr/local/cuda/include bench/remap_stall.c -L/usr/local/cuda/lib64 -Wl,-rpath,/usr/local/cuda/lib64 -lcuda -lcupti -o "$W/remap_stall" &&
+    timeout 120 "$W/remap_stall" "${STUDY_REMAP:-cupti}" \
       >"$OUT/remap_stall_$RUN.txt" 2>&1
 fi
 for spec in ${STUDY_RUNS:-auto:1.25:256 auto:1.25:2048 auto:2:256 auto:2:2048 static:2:256}; do
