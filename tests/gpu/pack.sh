@@ -2,6 +2,9 @@
 # Builds psshim here (release) and packs what the GPU machine needs into .gpu/, which the
 # device call carries: libpsshim.so, psshim-report, the driver probe, and libunwind (the
 # GPU machine has no package registry and may lack it).
+# PACK_VARIANTS="NAME ...": also libpsshim-NAME.so, built from HEAD with
+# tests/gpu/variants/NAME.patch applied, for A/B runs in one call (commit your changes
+# first: the variants are built from HEAD, the main library from the working tree).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 [ -f build-gpu/build.ninja ] || meson setup build-gpu --buildtype=release -Dtoolkit="${CUDA_HOME:-/usr/local/cuda}" >/dev/null
@@ -10,5 +13,15 @@ rm -rf .gpu && mkdir -p .gpu
 cp build-gpu/libpsshim.so build-gpu/tools/psshim-report build-gpu/tests/integration/driver_probe .gpu/
 for lib in $(ldd build-gpu/libpsshim.so build-gpu/tools/psshim-report | awk '/libunwind|libjemalloc/ {print $3}' | sort -u); do
   cp -L "$lib" .gpu/
+done
+for name in ${PACK_VARIANTS:-}; do
+  wt=/tmp/psshim-variant-$name
+  git worktree remove --force "$wt" 2>/dev/null || rm -rf "$wt"
+  git worktree add --detach -q "$wt" HEAD
+  git -C "$wt" apply "$PWD/tests/gpu/variants/$name.patch"
+  meson setup "$wt/build" "$wt" --buildtype=release -Dtoolkit="${CUDA_HOME:-/usr/local/cuda}" >/dev/null
+  ninja -C "$wt/build" libpsshim.so >/dev/null
+  cp "$wt/build/libpsshim.so" ".gpu/libpsshim-$name.so"
+  git worktree remove --force "$wt"
 done
 ls -la .gpu
