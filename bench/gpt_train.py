@@ -455,7 +455,7 @@ def base_result(a: argparse.Namespace) -> dict:
                 if k.startswith("PSSHIM_") or k in ("LD_PRELOAD", "PYTORCH_CUDA_ALLOC_CONF",
                                                     "CUBLAS_WORKSPACE_CONFIG")},
         "steps": [], "loss_hex": [], "loss": [], "step_times_s": [],
-        "oom": False, "error": None,
+        "oom": False, "error": None, "finished": False,
     }
 
 
@@ -525,6 +525,8 @@ def train(a: argparse.Namespace, res: dict) -> dict:
         res["step_times_s"].append(dt)
         finish_result(res, a, init_mem)
         say(step_line(rec))
+        if a.json:  # after every step: a run killed by a timeout keeps the steps it made
+            benchlib.write_json(json_path(a), res)
     if a.profile:
         res["profile"] = profile_step(model, opt, inputs, targets, autocast, device)
         p = res["profile"]
@@ -580,6 +582,7 @@ def main(argv=None) -> int:
         print(f"gpt_train: OUT OF MEMORY after {len(res['steps'])} step(s): {first_line}",
               file=sys.stderr)
         return benchlib.EXIT_OOM
+    res["finished"] = True
     if a.json:
         benchlib.write_json(json_path(a), res)
     say(f"gpt_train: median step {res['median_step_s']:.4f} s (after {res['warmup_steps']} "

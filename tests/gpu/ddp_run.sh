@@ -44,12 +44,18 @@ def load(name):
     except (OSError, ValueError):
         return None
 runs = {k: load(f"{k}.json") for k in ("native", "psshim", "fsdp")}
-for k, r in runs.items():
-    print(f"{k:7s} median step {r['median_step_s'] if r else None} s" if r else f"{k:7s} no result")
+for k, r in runs.items():  # a run cut by its timeout keeps the steps it made (gpt_train writes each)
+    if not r:
+        print(f"{k:7s} no result")
+        continue
+    done = "finished" if r.get("finished", True) else f"cut after {len(r['step_times_s'])} steps"
+    print(f"{k:7s} median step {r['median_step_s']} s ({done}); steps: "
+          + " ".join(f"{t:.2f}" for t in r["step_times_s"]))
 nat, ps = runs["native"], runs["psshim"]
 if nat and ps:
-    same = nat["loss_hex"] == ps["loss_hex"]
-    print(f"rank 0 losses, psshim vs native: {'identical' if same else 'DIFFER'} over {len(ps['loss_hex'])} steps")
+    n = min(len(nat["loss_hex"]), len(ps["loss_hex"]))
+    same = nat["loss_hex"][:n] == ps["loss_hex"][:n]
+    print(f"rank 0 losses, psshim vs native: {'identical' if same else 'DIFFER'} over {n} steps")
 for r in range(n):
     s = load(f"psshim.rank{r}.json")
     if s:

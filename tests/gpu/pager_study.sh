@@ -51,7 +51,9 @@ for path in sorted(glob.glob(os.path.join(w, "*.psshim.json"))):
         continue
     n = max(len(r["step_times_s"]), 1)
     per = lambda k: s.get(k, 0) / n / 1e6
-    same = "yes" if r["loss_hex"] == native else "NO"
+    same = "yes" if r["loss_hex"] == native[:len(r["loss_hex"])] else "NO"
+    if not r.get("finished", True):  # cut by STUDY_TIMEOUT: the steps it made
+        name += " (cut)"
     print(f"{name:18s} {same:7s} {r['median_step_s']:7.3f} {per('plan_ns'):8.1f} {per('move_ns'):8.1f} "
           f"{per('runahead_wait_ns'):8.1f} {s['migrations_to_gpu']:5d} {s['migrations_to_host']:5d} "
           f"{s['peak_host_bytes'] / 2**30:8.2f}  " + " ".join(f"{t:.2f}" for t in r["step_times_s"]))
