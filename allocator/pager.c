@@ -434,9 +434,8 @@ static void count_frames(struct device *d, uint64_t now, uint64_t period, uint64
  * (PatrickStar's margin: the most frames they held in that part last time, up to the whole
  * budget, less what they hold on the GPU now), made by paging out the model data needed
  * farthest ahead, so activations and gradients do not land in host frames. Then the host
- * chunks needed
- * soonest go into free GPU frames beyond the margin, or into the frames of GPU chunks
- * needed later than they are (Belady), where the move pays. */
+ * chunks needed soonest go into free GPU frames beyond the margin, or into the frames of
+ * GPU chunks needed later than they are (Belady), where the move pays. */
 static void plan(struct device *d, uint64_t now)
 {
   uint64_t period = pst_session_period();

@@ -14,6 +14,8 @@
 
 #define MAX_PERIOD 65536     /* launches per iteration that can be recognised */
 #define PERIOD_ASK_MAX 4096 /* launches between period queries (each costs up to ms) */
+#define STEADY_SLACK (1u << 20) /* live bytes a trusted period's boundaries may differ by */
+#define NO_LIVE UINT64_MAX
 
 static pthread_mutex_t period_lock = PTHREAD_MUTEX_INITIALIZER;
 static psp_period *detector;
@@ -22,9 +24,6 @@ static uint32_t period, candidate; /* adopted period, and the last one the detec
 static bool trusted; /* period's boundaries have come back to the same live bytes */
 static uint64_t live_at_boundary, allocs_at_boundary; /* at period's last boundary (NO_LIVE: none yet) */
 static _Atomic uint32_t adopted; /* period once trusted (else 0), readable without the lock */
-
-#define NO_LIVE UINT64_MAX
-#define STEADY_SLACK (1u << 20)
 static pthread_t sampler;
 static _Atomic bool sampling, in_sample;
 static CUcontext sampler_ctx;
@@ -53,7 +52,7 @@ static void trust_if_steady(void)
     trusted = true;
     atomic_store_explicit(&adopted, period, memory_order_relaxed);
   }
-  live_at_boundary = s.live_bytes;
+  live_at_boundary = now;
   allocs_at_boundary = s.allocs;
 }
 
