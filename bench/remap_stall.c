@@ -13,7 +13,7 @@
  * queue (events) against the same queue with no remaps, and the host time of each call:
  *   {"frames": F, "others": N, "others_on": O, "copy_in_flight": C, "memset_mib": S, "remap_every": K, "remaps": R,
  *    "gpu_ms": G, "base_gpu_ms": B, "unmap_us": U, "map_us": M, "access_us": A}
- * Build: cc -O2 -I$CUDA/include bench/remap_stall.c -L$CUDA/lib64 -Wl,-rpath,$CUDA/lib64 -lcuda -lcupti -o remap_stall */
+ * Build: tests/gpu/build_remap_stall.sh remap_stall */
 #include <cuda.h>
 #include <cupti.h>
 #include <stdbool.h>

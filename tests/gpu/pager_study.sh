@@ -18,9 +18,7 @@ W=/tmp/study-work
 mkdir -p "$OUT" "$W"
 export LD_LIBRARY_PATH=$G${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONUNBUFFERED=1
 if [ -z "${STUDY_NO_REMAP:-}" ]; then
-  cc -O2 -I/usr/local/cuda/include -I/usr/local/cuda/extras/CUPTI/include bench/remap_stall.c -L/usr/local/cuda/lib64 \
-    -L/usr/local/cuda/extras/CUPTI/lib64 -Wl,-rpath,/usr/local/cuda/lib64:/usr/local/cuda/extras/CUPTI/lib64 -lcuda \
-    -lcupti -o "$W/remap_stall" &&
+  tests/gpu/build_remap_stall.sh "$W/remap_stall" &&
     timeout 120 "$W/remap_stall" "${STUDY_REMAP:-cupti}" \
       >"$OUT/remap_stall_$RUN.txt" 2>&1
 fi

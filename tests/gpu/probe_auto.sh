@@ -14,8 +14,7 @@ OUT=${OUT:-/tmp/psshim-probe-out}
 RUN=${PROBE_RUN:-probe}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=$G${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONUNBUFFERED=1
-cc -O2 -I/usr/local/cuda/include -I/usr/local/cuda/extras/CUPTI/include bench/remap_stall.c -L/usr/local/cuda/lib64 \
-  -L/usr/local/cuda/extras/CUPTI/lib64 -Wl,-rpath,/usr/local/cuda/lib64:/usr/local/cuda/extras/CUPTI/lib64 -lcuda -lcupti -o /tmp/remap_stall &&
+tests/gpu/build_remap_stall.sh /tmp/remap_stall &&
   /tmp/remap_stall | tee "$OUT/remap_stall_$RUN.txt"
 [ "${PROBE_ONLY:-}" = remap ] && exit 0
 if [ -z "${PROBE_ONLY:-}" ]; then

@@ -11,8 +11,7 @@ RUN=${SWEEP_RUN:-auto}
 W=/tmp/sweep-work
 mkdir -p "$OUT" "$W"
 export LD_LIBRARY_PATH=$G${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONUNBUFFERED=1
-cc -O2 -I/usr/local/cuda/include -I/usr/local/cuda/extras/CUPTI/include bench/remap_stall.c -L/usr/local/cuda/lib64 \
-  -L/usr/local/cuda/extras/CUPTI/lib64 -Wl,-rpath,/usr/local/cuda/lib64:/usr/local/cuda/extras/CUPTI/lib64 -lcuda -lcupti -o "$W/remap_stall" &&
+tests/gpu/build_remap_stall.sh "$W/remap_stall" &&
   "$W/remap_stall" >"$OUT/remap_stall_$RUN.txt"
 sweep() { # name, then paging_sweep arguments
   local name=$1
