@@ -215,29 +215,34 @@ shard)
   # the host frames a rank holds must drop. With DIVERGE=1 rank 1's first replicated buffer
   # differs in one word: its chunk must stay whole (a shared one would give a rank the
   # other's bytes: a mismatch), so fewer chunks are shared (these seeds put that word in a
-  # chunk that is shared otherwise). The last run puts each rank on its own device, as
-  # torchrun does: the ranks must still agree that they allocated alike.
+  # chunk that is shared otherwise). A run with each rank on its own device, as torchrun
+  # does: the ranks must still agree that they allocated alike. With REWRITE=1 every rank
+  # writes the same word into that buffer halfway: once made private again it is not
+  # offered again (a training step touches every chunk: shared at each idle round, private
+  # at the next step), so no more chunks are shared than without the write.
   shard=(PSSHIM_CHUNK_SIZE=4M PSSHIM_GPU_BUDGET=8M PSSHIM_HOST_BUDGET=256M PSSHIM_POLICY=auto PSSHIM_RUNAHEAD=4
          PSSHIM_CUPTI="$FAKE_CUPTI" FAKECUDA_DEVICE_COUNT=2)
-  for run in 2:0:0 2:1:0 4:0:0 4:1:0 9:0:0 9:1:0 2:0:1; do
-    IFS=: read -r seed diverge per_rank <<<"$run"
+  for run in 2:0:0:0 2:1:0:0 4:0:0:0 4:1:0:0 9:0:0:0 9:1:0:0 2:0:1:0 2:0:0:1; do
+    IFS=: read -r seed diverge per_rank rewrite <<<"$run"
     name=s$seed.d$diverge
     [ "$per_rank" = 1 ] && name=$name.device_per_rank
+    [ "$rewrite" = 1 ] && name=$name.rewrite
+    sim=(DIVERGE=$diverge DEVICE_PER_RANK=$per_rank REWRITE=$rewrite)
     for r in 0 1; do
-      out=$(env RANK=$r DIVERGE=$diverge DEVICE_PER_RANK=$per_rank "${shard[@]}" LD_PRELOAD="$lib" "$prog" $seed 100) ||
+      out=$(env RANK=$r "${sim[@]}" "${shard[@]}" LD_PRELOAD="$lib" "$prog" $seed 100) ||
         fail "$name alone, rank $r: $out"
       echo "$out" >"$tmp/$name.alone.$r"
     done
-    ARGS="$seed 100" two_ranks $name "${shard[@]}" DIVERGE=$diverge DEVICE_PER_RANK=$per_rank
+    ARGS="$seed 100" two_ranks $name "${shard[@]}" "${sim[@]}"
     for r in 0 1; do
       [ "$(eval echo \$status$r)" = 0 ] || fail "$name, rank $r: $(cat "$tmp/$name.$r.out" "$tmp/$name.$r.err")"
       [ ! -s "$tmp/$name.$r.err" ] || fail "$name, rank $r wrote: $(cat "$tmp/$name.$r.err")"
       [ "$(sed 's/, host.*//' "$tmp/$name.$r.out")" = "$(sed 's/, host.*//' "$tmp/$name.alone.$r")" ] \
         || fail "$name, rank $r: bytes differ from its run without sharding: $(cat "$tmp/$name.$r.out")"
     done
-    python3 - "$tmp" "$name" "$seed" "$diverge" <<'PY' || fail "$name: sharding"
+    python3 - "$tmp" "$name" "$seed" "$diverge" "$rewrite" <<'PY' || fail "$name: sharding"
 import json, re, sys
-tmp, name, seed, diverge = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
+tmp, name, seed, diverge, rewrite = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1", sys.argv[5] == "1"
 s = [json.load(open(f"{tmp}/{name}.{r}.json")) for r in (0, 1)]
 host = lambda f: int(re.search(r"host frame bytes (\d+)", open(f).read()).group(1))
 shares = [x["shares"] for x in s]
@@ -251,6 +256,8 @@ for r in (0, 1):
     assert s[r]["shared_chunks"] == 0 and s[r]["unshares"] == s[r]["shares"], "the final read-back left chunks shared"
 if diverge:
     assert shares[0] < json.load(open(f"{tmp}/s{seed}.d0.0.json"))["shares"], "the diverging chunk was shared"
+if rewrite:
+    assert shares[0] == json.load(open(f"{tmp}/s{seed}.d0.0.json"))["shares"], "a chunk touched after sharing was shared again"
 PY
   done
   ;;

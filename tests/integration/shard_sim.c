@@ -5,6 +5,8 @@
  * and updates the hot buffers from it. Near the end a kernel writes a rank-dependent value
  * into one replicated buffer, so a rank whose chunk is shared must make it its own first.
  * DIVERGE=1 makes rank 1's first replicated buffer differ in one word from the start.
+ * REWRITE=1 also writes the same value into that buffer on every rank halfway, so it is
+ * equal on every rank again and untouched for the next half.
  * DEVICE_PER_RANK=1 runs rank r on device r, as a torchrun job does (the driver needs
  * FAKECUDA_DEVICE_COUNT ranks).
  * Every buffer is read back and compared with a host mirror at the end.
@@ -72,6 +74,7 @@ int main(int argc, char **argv)
   int steps = argc > 2 ? atoi(argv[2]) : 100;
   int rank = getenv("RANK") ? atoi(getenv("RANK")) : 0;
   int diverge = getenv("DIVERGE") && atoi(getenv("DIVERGE")) && rank == 1;
+  int rewrite = getenv("REWRITE") && atoi(getenv("REWRITE"));
   rng = seed * 2654435761u + 1;
   if (getenv("DEVICE_PER_RANK") && atoi(getenv("DEVICE_PER_RANK")))
     check(cudaSetDevice(rank), "cudaSetDevice");
@@ -113,8 +116,9 @@ int main(int argc, char **argv)
       for (uint64_t i = 0; i < buf[b].words; i++)
         buf[b].mirror[i] = buf[b].mirror[i] * 3u + (uint32_t)((i % act_n) * 7 + st);
     }
-    if (step == steps - 3 && poked >= 0) { /* every rank writes its own value */
-      uint32_t value = 1000u + (uint32_t)rank;
+    if ((step == steps - 3 || (rewrite && step == steps / 2)) && poked >= 0) {
+      /* near the end each rank its own value; halfway (REWRITE) the same one */
+      uint32_t value = step == steps - 3 ? 1000u + (uint32_t)rank : 7u;
       void *pp[] = {&buf[poked].dev, &value};
       launch(poke, pp, s);
       buf[poked].mirror[0] = value;
