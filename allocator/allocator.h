@@ -96,10 +96,11 @@ struct psa_stats {
   uint64_t plan_ns, move_ns, remap_ns, scan_ns, poll_ns, frame_wait_ns, frame_make_ns, runahead_wait_ns;
   uint64_t runahead_timeouts; /* run-ahead waits that gave up (the work ahead waited for the host) */
   uint64_t event_queries;     /* cuEventQuery calls the pager made to learn what has run */
-  /* sharding: the rounds held (device synchronized, chunks checksummed and compared),
-   * chunks made shared and private again, shared now, this rank's pieces of them (host
-   * bytes), and the host bytes it does not hold thanks to them (now, and at most) */
-  uint64_t share_rounds, shares, unshares, shared_chunks, shared_host_bytes, shard_saved_bytes,
+  /* sharding: the rounds held (device synchronized, chunks checksummed and compared) and
+   * the time the launching thread spent in them, chunks made shared and private again,
+   * shared now, this rank's pieces of them (host bytes), and the host bytes it does not
+   * hold thanks to them (now, and at most) */
+  uint64_t share_rounds, share_round_ns, shares, unshares, shared_chunks, shared_host_bytes, shard_saved_bytes,
       peak_shard_saved_bytes;
   uint64_t gpu_budget, host_budget, chunk_size;
 };

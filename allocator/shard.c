@@ -323,6 +323,7 @@ void psa_shard_boundary(void)
   }
   boundaries_since_round = 0;
   d->stats.share_rounds++;
+  uint64_t start = psa_now_ns();
   struct psa_shard *st = state(d);
   if (!st) {
     stop_sharing();
@@ -351,6 +352,7 @@ void psa_shard_boundary(void)
     st->agreed_before[i] = st->agree[i] && d->chunks[i].frame != psa_shared_frame(d) ? st->sums[i] : 0;
     equal += st->agree[i];
   }
+  d->stats.share_round_ns += psa_now_ns() - start;
   if (equal)
     round_gap = 1;
   else if (round_gap < MAX_ROUND_GAP)

@@ -53,7 +53,7 @@ void psa_stats_write(FILE *f, bool json)
             "\"plans_no_victim\": %llu, \"plans_belady\": %llu, \"plans_no_gain\": %llu, \"margin_frames\": %llu, "
             "\"plan_ns\": %llu, \"move_ns\": %llu, \"remap_ns\": %llu, \"scan_ns\": %llu, \"poll_ns\": %llu, "
             "\"frame_wait_ns\": %llu, \"frame_make_ns\": %llu, \"runahead_wait_ns\": %llu, \"runahead_timeouts\": %llu, "
-            "\"event_queries\": %llu, \"share_rounds\": %llu, \"shares\": %llu, "
+            "\"event_queries\": %llu, \"share_rounds\": %llu, \"share_round_ns\": %llu, \"shares\": %llu, "
             "\"unshares\": %llu, \"shared_chunks\": %llu, \"shared_host_bytes\": %llu, "
             "\"shard_saved_bytes\": %llu, \"peak_shard_saved_bytes\": %llu}\n",
             (unsigned long long)s.allocs, (unsigned long long)s.frees, (unsigned long long)s.failed_allocs,
@@ -75,7 +75,7 @@ void psa_stats_write(FILE *f, bool json)
             (unsigned long long)s.frame_wait_ns, (unsigned long long)s.frame_make_ns,
             (unsigned long long)s.runahead_wait_ns,
             (unsigned long long)s.runahead_timeouts, (unsigned long long)s.event_queries,
-            (unsigned long long)s.share_rounds, (unsigned long long)s.shares,
+            (unsigned long long)s.share_rounds, (unsigned long long)s.share_round_ns, (unsigned long long)s.shares,
             (unsigned long long)s.unshares, (unsigned long long)s.shared_chunks,
             (unsigned long long)s.shared_host_bytes, (unsigned long long)s.shard_saved_bytes,
             (unsigned long long)s.peak_shard_saved_bytes);

@@ -461,7 +461,7 @@ def base_result(a: argparse.Namespace) -> dict:
 
 PSSHIM_STEP_FIELDS = ("plan_ns", "move_ns", "remap_ns", "scan_ns", "poll_ns", "frame_wait_ns", "frame_make_ns",
                       "runahead_wait_ns", "plans", "migrations_to_gpu", "migrations_to_host", "bytes_h2d",
-                      "bytes_d2h", "touches_host", "share_rounds", "shares", "unshares")
+                      "bytes_d2h", "touches_host", "share_rounds", "share_round_ns", "shares", "unshares")
 
 
 def psshim_stats():
