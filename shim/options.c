@@ -41,7 +41,7 @@ static const struct option_def option_table[] = {
    * 2.7B GPT, 90% of chunk bytes live against 79%), and 8 ranks still shard it in 2M. */
   {"PSSHIM_CHUNK_SIZE", OPT_SIZE, "a non-zero size that is a multiple of 2M (e.g. 16M)",
    "16M", &ps_options.chunk_size, NULL, NULL},
-  {"PSSHIM_POLICY", OPT_CHOICE, "static or auto", "static", &ps_options.policy, NULL, policy_choices},
+  {"PSSHIM_POLICY", OPT_CHOICE, "auto or static", "auto", &ps_options.policy, NULL, policy_choices},
   {"PSSHIM_RUNAHEAD", OPT_UINT, "a whole number of launches from 1 to 60000", "256", &ps_options.runahead, NULL,
    NULL},
   /* Measured on the H200 (PCIe 5): static placement read and wrote its host frames in

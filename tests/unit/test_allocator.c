@@ -63,6 +63,7 @@ static void launch(CUfunction f, CUdeviceptr p, uint64_t bytes, uint64_t seed, C
 static void start(const char *gpu_budget, const char *host_budget)
 {
   setenv("PSSHIM_CHUNK_SIZE", "2M", 1);
+  setenv("PSSHIM_POLICY", "static", 0); /* placement alone, unless the test pages */
   if (gpu_budget)
     setenv("PSSHIM_GPU_BUDGET", gpu_budget, 1);
   if (host_budget)

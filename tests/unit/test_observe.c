@@ -61,6 +61,7 @@ static int setup(void **state)
   setenv("PSSHIM_CHUNK_SIZE", "2M", 1);
   setenv("PSSHIM_GPU_BUDGET", "64M", 1);
   setenv("PSSHIM_HOST_BUDGET", "64M", 1);
+  setenv("PSSHIM_POLICY", "static", 1); /* these tests subscribe to launches themselves */
   char err[256];
   if (!ps_options_parse(err, sizeof err) || !ps_driver_load())
     return -1;

@@ -62,7 +62,7 @@ static void test_defaults(void **state)
   assert_true(ps_options_parse(err, sizeof err));
   assert_int_equal(ps_options.chunk_size, 16ull << 20);
   assert_int_equal(ps_options.gpu_budget, 0);
-  assert_int_equal(ps_options.policy, PS_POLICY_STATIC);
+  assert_int_equal(ps_options.policy, PS_POLICY_AUTO);
   assert_int_equal(ps_options.log_level, PS_LOG_ERROR);
   assert_int_equal(ps_options.sample_ms, 10);
   assert_false(ps_options.stats);
@@ -76,7 +76,7 @@ static void test_good_values(void **state)
   setenv("PSSHIM_GPU_BUDGET", "24G", 1);
   setenv("PSSHIM_HOST_BUDGET", "50%", 1);
   setenv("PSSHIM_CHUNK_SIZE", "32MiB", 1);
-  setenv("PSSHIM_POLICY", "auto", 1);
+  setenv("PSSHIM_POLICY", "static", 1);
   setenv("PSSHIM_STATS", "/tmp/s.json", 1);
   setenv("PSSHIM_TORCH_ALLOC", "keep", 1);
   assert_true(ps_options_parse(err, sizeof err));
@@ -84,7 +84,7 @@ static void test_good_values(void **state)
   assert_int_equal(ps_options.host_budget, 0);
   assert_true(ps_options.host_budget_frac > 0.499 && ps_options.host_budget_frac < 0.501);
   assert_int_equal(ps_options.chunk_size, 32ull << 20);
-  assert_int_equal(ps_options.policy, PS_POLICY_AUTO);
+  assert_int_equal(ps_options.policy, PS_POLICY_STATIC);
   assert_true(ps_options.stats);
   assert_string_equal(ps_options.stats_path, "/tmp/s.json");
   assert_true(ps_options.keep_torch_allocator);
