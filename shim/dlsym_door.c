@@ -11,6 +11,7 @@
 #include "shim/shim_internal.h"
 
 #include <cuda_runtime_api.h>
+#include <cupti.h>
 #include <nccl.h>
 #include <dlfcn.h>
 #include <link.h>
@@ -61,6 +62,14 @@ static const struct door doors[] = {
     {"ncclAllGather", (void *)ncclAllGather, false},
     {"ncclSend", (void *)ncclSend, false},
     {"ncclRecv", (void *)ncclRecv, false},
+    {"cuptiSubscribe", (void *)cuptiSubscribe, false},
+    {"cuptiSubscribe_v2", (void *)cuptiSubscribe_v2, false},
+    {"cuptiUnsubscribe", (void *)cuptiUnsubscribe, false},
+    {"cuptiEnableCallback", (void *)cuptiEnableCallback, false},
+    {"cuptiEnableDomain", (void *)cuptiEnableDomain, false},
+    {"cuptiEnableAllDomains", (void *)cuptiEnableAllDomains, false},
+    {"cuptiGetCallbackState", (void *)cuptiGetCallbackState, false},
+    {"cuptiFinalize", (void *)cuptiFinalize, false},
 };
 #define NDOORS (sizeof doors / sizeof doors[0])
 

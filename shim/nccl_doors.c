@@ -13,9 +13,7 @@
 
 static const char *const nccl_sonames[] = {"libnccl.so.2", "libnccl.so", NULL};
 
-#define REAL_NCCL(name) \
-  static __typeof__(&name) real_##name; \
-  if (!real_##name) real_##name = (__typeof__(&name))ps_next_symbol(#name, nccl_sonames)
+#define REAL_NCCL(name) PS_REAL(name, nccl_sonames)
 
 struct collective {
   struct pst_launch l;

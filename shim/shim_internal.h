@@ -10,6 +10,10 @@ bool ps_active(void);
  * else in the first already-loaded library of `sonames` (NULL-terminated; a library
  * loaded privately with RTLD_LOCAL). NULL when there is none. */
 void *ps_next_symbol(const char *name, const char *const *sonames);
+/* Declares real_<name>, the real definition of the exported door <name>, found once. */
+#define PS_REAL(name, sonames) \
+  static __typeof__(&name) real_##name; \
+  if (!real_##name) real_##name = (__typeof__(&name))ps_next_symbol(#name, sonames)
 
 /* pool is the current memory pool of the current context's device: the only pool psshim
  * serves (a pool the program made has properties, IPC export or a host location, that

@@ -4,9 +4,11 @@
  * they touch. Consumers: the trace file and the pager's hook.
  *
  * CUPTI allows one subscriber per process (torch.profiler, Nsight and psshim compete):
- * when it is taken or missing, psshim says so once and runs unobserved. */
+ * when it is taken or missing, psshim says so once and runs unobserved; a subscriber that
+ * comes after psshim's rides on it (cupti_guest.c). */
 #include "allocator/allocator.h"
 #include "shim/shim.h"
+#include "tracer/cupti_guest.h"
 #include "tracer/tracer.h"
 
 #include <cupti.h>
@@ -21,6 +23,7 @@
 static struct {
   CUptiResult (*subscribe)(CUpti_SubscriberHandle *, CUpti_CallbackFunc, void *);
   CUptiResult (*enable_callback)(uint32_t, CUpti_SubscriberHandle, CUpti_CallbackDomain, CUpti_CallbackId);
+  CUptiResult (*enable_domain)(uint32_t, CUpti_SubscriberHandle, CUpti_CallbackDomain);
   CUptiResult (*unsubscribe)(CUpti_SubscriberHandle);
   CUptiResult (*result_string)(CUptiResult, const char **);
 } cupti;
@@ -266,6 +269,15 @@ static const CUpti_CallbackId launches[] = {
     CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch,         CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz,
 };
 
+/* The driver callbacks psshim handles (launches and transfers): a guest may enable others
+ * on the same subscription. Written before the first is enabled, then only read. */
+static uint64_t own[(CUPTI_DRIVER_TRACE_CBID_SIZE + 63) / 64];
+
+static bool own_callback(CUpti_CallbackDomain domain, CUpti_CallbackId cbid)
+{
+  return domain == CUPTI_CB_DOMAIN_DRIVER_API && cbid < CUPTI_DRIVER_TRACE_CBID_SIZE && (own[cbid / 64] >> (cbid % 64) & 1);
+}
+
 static const struct transfer_kind *transfer_of(CUpti_CallbackId cbid)
 {
   for (size_t i = 0; i < sizeof transfers / sizeof transfers[0]; i++)
@@ -435,7 +447,8 @@ static void CUPTIAPI on_api(void *user, CUpti_CallbackDomain domain, CUpti_Callb
 {
   (void)user;
   const CUpti_CallbackData *cb = data;
-  if (domain != CUPTI_CB_DOMAIN_DRIVER_API)
+  pst_guest_dispatch(domain, cbid, data);
+  if (!own_callback(domain, cbid))
     return;
   /* CUPTI reports the driver calls made while handling a callback too (psshim's own
    * copies, when the pager moves a chunk from inside a launch's callback): those are
@@ -529,6 +542,15 @@ static const char *cupti_error(CUptiResult r)
   return s ? s : "unknown CUPTI error";
 }
 
+static CUptiResult enable_own(void)
+{
+  CUptiResult r = CUPTI_SUCCESS;
+  for (CUpti_CallbackId cbid = 1; cbid < CUPTI_DRIVER_TRACE_CBID_SIZE && r == CUPTI_SUCCESS; cbid++)
+    if (own_callback(CUPTI_CB_DOMAIN_DRIVER_API, cbid))
+      r = cupti.enable_callback(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, cbid);
+  return r;
+}
+
 bool pst_observe_start(pst_launch_fn fn, void *user)
 {
   if (subscriber)
@@ -541,6 +563,7 @@ bool pst_observe_start(pst_launch_fn fn, void *user)
   }
   cupti.subscribe = (__typeof__(cupti.subscribe))ps_real_dlsym(lib, "cuptiSubscribe");
   cupti.enable_callback = (__typeof__(cupti.enable_callback))ps_real_dlsym(lib, "cuptiEnableCallback");
+  cupti.enable_domain = (__typeof__(cupti.enable_domain))ps_real_dlsym(lib, "cuptiEnableDomain");
   cupti.unsubscribe = (__typeof__(cupti.unsubscribe))ps_real_dlsym(lib, "cuptiUnsubscribe");
   cupti.result_string = (__typeof__(cupti.result_string))ps_real_dlsym(lib, "cuptiGetResultString");
   if (!cupti.subscribe || !cupti.enable_callback || !cupti.unsubscribe) {
@@ -558,11 +581,12 @@ bool pst_observe_start(pst_launch_fn fn, void *user)
     trace_note("CUPTI taken by another subscriber: launches not observed");
     return false;
   }
+  for (size_t i = 0; i < sizeof launches / sizeof launches[0]; i++)
+    own[launches[i] / 64] |= 1ull << (launches[i] % 64);
+  for (size_t i = 0; i < sizeof transfers / sizeof transfers[0]; i++)
+    own[transfers[i].cbid / 64] |= 1ull << (transfers[i].cbid % 64);
   /* A launch kind psshim cannot see would make paging unsafe: all or nothing. */
-  for (size_t i = 0; i < sizeof launches / sizeof launches[0] && r == CUPTI_SUCCESS; i++)
-    r = cupti.enable_callback(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, launches[i]);
-  for (size_t i = 0; i < sizeof transfers / sizeof transfers[0] && r == CUPTI_SUCCESS; i++)
-    r = cupti.enable_callback(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, transfers[i].cbid);
+  r = enable_own();
   if (r != CUPTI_SUCCESS) {
     ps_log(PS_LOG_WARN, "CUPTI refused a launch callback (%s): kernel launches are not observed", cupti_error(r));
     trace_note("CUPTI refused a callback: launches not observed");
@@ -577,9 +601,32 @@ void pst_observe_stop(void)
   if (!subscriber)
     return;
   atomic_store_explicit(&consumer, NULL, memory_order_release);
+  if (pst_guest_active())
+    return; /* the guest's callbacks still come through psshim's subscription */
   CUptiResult r = cupti.unsubscribe(subscriber);
   if (r != CUPTI_SUCCESS)
     ps_log(PS_LOG_WARN, "cuptiUnsubscribe failed: %s", cupti_error(r));
   subscriber = NULL;
 }
 
+
+/* ---- the subscription, as a guest subscriber uses it (cupti_guest.c) ---- */
+
+bool pst_observe_subscribed(void) { return subscriber != NULL; }
+
+CUptiResult pst_observe_enable(uint32_t enable, CUpti_CallbackDomain domain, CUpti_CallbackId cbid)
+{
+  if (!enable && own_callback(domain, cbid))
+    return CUPTI_SUCCESS; /* psshim's own stays on; the guest no longer gets it */
+  return cupti.enable_callback(enable, subscriber, domain, cbid);
+}
+
+CUptiResult pst_observe_enable_domain(uint32_t enable, CUpti_CallbackDomain domain)
+{
+  if (!cupti.enable_domain)
+    return CUPTI_ERROR_NOT_SUPPORTED;
+  CUptiResult r = cupti.enable_domain(enable, subscriber, domain);
+  if (r == CUPTI_SUCCESS && !enable && domain == CUPTI_CB_DOMAIN_DRIVER_API)
+    r = enable_own();
+  return r;
+}

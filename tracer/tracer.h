@@ -221,6 +221,21 @@ typedef void (*pst_launch_fn)(const struct pst_launch *l, bool enter, void *user
  * toolkit). False, after one log line and a trace NOTE, when CUPTI is missing or taken. */
 bool pst_observe_start(pst_launch_fn fn, void *user);
 void pst_observe_stop(void);
+/* CUPTI allows one callback subscriber per process. While psshim holds it, a subscriber
+ * the program makes after psshim's (a profiler: torch.profiler) is served from psshim's
+ * subscription through psshim's CUPTI doors (cupti_guest.c): a stand-in handle, its
+ * callbacks enabled there and passed on to it; cuptiFinalize only ends its subscription.
+ * Each returns a CUptiResult, or PST_GUEST_PASS when the call is CUPTI's to answer (psshim
+ * holds no subscription, or the handle is not the stand-in). */
+#define PST_GUEST_PASS (-1)
+#define PST_GUEST_ALL_DOMAINS (-1) /* pst_guest_enable_domain: every domain */
+typedef void (*pst_any_fn)(void);
+int pst_guest_subscribe(void **handle, pst_any_fn fn, void *userdata);
+int pst_guest_unsubscribe(void *handle);
+int pst_guest_enable(uint32_t enable, void *handle, int domain, uint32_t cbid);
+int pst_guest_enable_domain(uint32_t enable, void *handle, int domain);
+int pst_guest_state(uint32_t *enable, void *handle, int domain, uint32_t cbid);
+int pst_guest_finalize(void);
 /* Reports a moment seen elsewhere than CUPTI (psshim's NCCL doors) exactly like a launch:
  * numbered and traced at enter, then given to the consumer at enter and at exit. Works
  * for the trace even when CUPTI is not observed. */

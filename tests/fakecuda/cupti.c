@@ -143,6 +143,16 @@ CUPTI_EXPORT CUptiResult cuptiUnsubscribe(CUpti_SubscriberHandle subscriber) {
   return CUPTI_SUCCESS;
 }
 
+/* Detaches CUPTI from the process: the subscriber is gone (a later subscribe attaches again). */
+CUPTI_EXPORT CUptiResult cuptiFinalize(void) {
+  pthread_mutex_lock(&mu);
+  struct CUpti_Subscriber_st *s = current;
+  current = NULL;
+  pthread_mutex_unlock(&mu);
+  free(s);
+  return CUPTI_SUCCESS;
+}
+
 static CUptiResult check(CUpti_SubscriberHandle subscriber, CUpti_CallbackDomain domain) {
   pthread_mutex_lock(&mu);
   bool ok = subscriber && subscriber == current;

@@ -92,6 +92,26 @@ doors)
   PSSHIM_GPU_BUDGET=64M PSSHIM_HOST_BUDGET=64M EXPECT_TOTAL_BYTES=$((128 << 20)) under_psshim "$prog" \
     || fail "doors"
   ;;
+cupti_guest)
+  # The program's own CUPTI subscriber (tests/integration/cupti_guest.c checks what it
+  # sees): under auto it shares psshim's subscription, and psshim still sees every launch,
+  # after the program disabled its launch callback and after its cuptiFinalize; under
+  # static psshim holds none and the calls reach CUPTI.
+  for policy in auto static; do
+    out=$(under_psshim PSSHIM_CUPTI="$FAKE_CUPTI" PSSHIM_POLICY=$policy PSSHIM_STATS="$tmp/$policy.json" "$prog") ||
+      fail "$policy: $out"
+    echo "$out" | sed "s/^/  $policy: /"
+    made=$(echo "$out" | sed -n 's/^launches //p')
+    python3 - "$tmp/$policy.json" "$policy" "$made" <<'PY' || fail "$policy: what psshim observed"
+import json, sys
+s, policy, made = json.load(open(sys.argv[1])), sys.argv[2], int(sys.argv[3])
+# auto: the launches and the read-back copy, every one; static: nothing observed
+expected = made + 1 if policy == "auto" else 0
+print(f"  {policy}: psshim observed {s['launches']} moments, expected {expected}")
+sys.exit(s["launches"] != expected)
+PY
+  done
+  ;;
 iterations)
   # 300 steps of 24 launches (8 layers forward, then 8 recomputes and updates): the session must find the
   # step, not one layer's repeated kernel, and the report must count it.
