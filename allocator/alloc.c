@@ -150,6 +150,9 @@ CUresult psa_free(CUdeviceptr p, CUstream stream, bool sync)
   psa_span_release(d, s, off, size, stream, ev);
   s->live_bytes -= size;
   s->live_allocs--;
+  for (uint64_t i = s->first_chunk; !s->live_allocs && i < s->first_chunk + s->nchunks; i++)
+    if (psa_shard_paged_in(d, i))
+      psa_shard_drop(d, i); /* its bytes are dead: the node's copy is let go */
   d->stats.frees++;
   d->stats.live_bytes -= size;
   pthread_mutex_unlock(&d->lock);

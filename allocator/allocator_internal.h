@@ -197,10 +197,18 @@ bool psa_live_next(struct device *d, uint64_t chunk, uint64_t *at, uint64_t *end
 /* shard.c (called with d->lock held): chunks replicated on every rank of the node kept once,
  * in pieces, while no rank touches them */
 extern _Atomic bool psa_allocs_agree; /* the allocation check passed: chunk ids match across ranks */
-/* Makes a shared chunk this rank's own again before anything may touch it (a move: copy,
- * remap); fatal only when no memory at all can be had for it. */
+/* Makes a shared chunk this rank's own before anything may touch it (a move: copy, remap):
+ * paged in onto a GPU frame with its pieces kept when one can be had, else onto a host
+ * frame; fatal only when no memory at all can be had for it. */
 void psa_unshare(struct device *d, uint64_t chunk);
-/* A shared chunk's span is deleted: its pieces are unmapped and let go. */
+/* Whether the chunk is a shared one paged in (on a GPU frame of its own, pieces kept). */
+bool psa_shard_paged_in(const struct device *d, uint64_t chunk);
+/* A paged-in shared chunk leaves the GPU (quiescent): true when its bytes are the node's
+ * copy's and it is mapped onto the pieces again, with no copy (the caller gives its GPU
+ * frame back); else false, the pieces let go, and the chunk moves as any other. */
+bool psa_shard_leave(struct device *d, uint64_t chunk);
+/* A shared chunk's span is deleted, or a paged-in one's emptied: its pieces are unmapped
+ * (if mapped) and let go. */
 void psa_shard_drop(struct device *d, uint64_t chunk);
 /* Work psshim cannot see may touch any chunk: every shared chunk becomes private and no
  * chunk is shared again (called without locks). */

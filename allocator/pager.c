@@ -160,6 +160,10 @@ static void trace_move(uint64_t chunk, enum psa_where to, uint64_t bytes, uint64
 /* A frame that frees once the copy out of it is done. Without room on the list, waits. */
 static void give_after(struct device *d, uint32_t frame, struct psa_mark *copy)
 {
+  if (!copy) { /* nothing copied out of it (a shared chunk mapped back onto its pieces) */
+    psa_frame_give(d, frame);
+    return;
+  }
   if (d->ndeferred == PSA_MAX_MIGRATIONS) {
     mark_passed(d, copy, true);
     psa_frame_give(d, frame);
@@ -210,6 +214,10 @@ static uint32_t move_onto(struct device *d, uint64_t chunk, uint32_t to, struct 
   enum psa_where where = d->frames[to].where;
   CUstream s = where == PSA_GPU ? d->copy_in : d->copy_out;
   uint64_t start = psa_now_ns();
+  if (where == PSA_HOST && psa_shard_leave(d, chunk)) { /* unchanged: back onto the node's copy */
+    psa_frame_give(d, to);
+    return from;
+  }
   if (!remap(d, chunk, from, to)) {
     psa_frame_give(d, to);
     return PSA_NO_FRAME;

@@ -14,14 +14,20 @@
  * every rank then sees as "not equal".
  *
  * Writes: a shared chunk is never written in place. Every observed launch, copy or memset
- * that touches one first makes it this rank's own again (psa_unshare: a copy into a frame
- * of its own and a remap, as a move), and the pager never moves a shared chunk; work psshim
+ * that touches one first makes it this rank's own (psa_unshare: a copy into a frame of its
+ * own and a remap, as a move), and the pager never moves a shared chunk; work psshim
  * cannot see stops sharing and unshares every chunk first. Unsharing is local: the other
  * ranks keep their mappings of the pieces, which stay alive while any rank maps them.
  *
- * Not built: page-in of a shared chunk as own piece + all-gather, so only chunks untouched
- * for an iteration are shared (parameters used every step are not); checksums on the GPU.
- * Only the first device of a rank shares. */
+ * Page-in, rank-local: a touched shared chunk goes onto a GPU frame when one can be had,
+ * and this rank keeps its pieces. When it leaves the GPU (the pager's eviction, or idle for
+ * an iteration at a round) with the bytes it was shared with, it is mapped back onto the
+ * pieces, with no copy and no host frame: read-only data (frozen weights) stays at 1/N of
+ * the host memory. Otherwise the pieces are let go and it is this rank's own.
+ *
+ * Not built: page-in as own piece + all-gather (N x the bandwidth), and the collective
+ * write-back that data a step writes (parameters, optimizer state) would need; checksums
+ * on the GPU. Only the first device of a rank shares. */
 #include "allocator/allocator_internal.h"
 #include "comm/comm.h"
 
@@ -50,6 +56,8 @@ struct psa_shard {
   bool *agree;                          /* per chunk: equal on every rank now */
   uint64_t *agreed_before;              /* per chunk: the checksum all ranks had last time, or 0 */
   struct rewritten *rewritten;          /* per chunk: made private again, while its span lasts */
+  uint64_t *shared_sum;                 /* per chunk: its agreed checksum when it was shared */
+  bool *paged_in;                       /* per chunk: on a GPU frame of its own, pieces kept */
   CUmemGenericAllocationHandle *pieces; /* n per chunk while it is shared */
 };
 
@@ -96,8 +104,11 @@ static struct psa_shard *state(struct device *d)
   st->agree = calloc(d->nchunks, sizeof *st->agree);
   st->agreed_before = calloc(d->nchunks, sizeof *st->agreed_before);
   st->rewritten = calloc(d->nchunks, sizeof *st->rewritten);
+  st->shared_sum = calloc(d->nchunks, sizeof *st->shared_sum);
+  st->paged_in = calloc(d->nchunks, sizeof *st->paged_in);
   st->pieces = calloc(d->nchunks * (uint64_t)n, sizeof *st->pieces);
-  if (!st->sums || !st->agree || !st->agreed_before || !st->rewritten || !st->pieces)
+  if (!st->sums || !st->agree || !st->agreed_before || !st->rewritten || !st->shared_sum || !st->paged_in ||
+      !st->pieces)
     goto fail;
   if (PS_CU(ps_driver.cuStreamCreate(&st->stream, CU_STREAM_NON_BLOCKING)))
     goto fail;
@@ -115,7 +126,8 @@ fail_stream:
   PS_CU(ps_driver.cuStreamDestroy_v2(st->stream));
 fail:
   if (st) {
-    free(st->sums), free(st->agree), free(st->agreed_before), free(st->rewritten), free(st->pieces);
+    free(st->sums), free(st->agree), free(st->agreed_before), free(st->rewritten), free(st->shared_sum);
+    free(st->paged_in), free(st->pieces);
     free(st);
   }
   return NULL;
@@ -277,6 +289,7 @@ static void share(struct device *d, uint64_t chunk)
   uint32_t own = d->chunks[chunk].frame;
   if (whole && map_pieces(d, chunk)) {
     d->chunks[chunk].frame = psa_shared_frame(d);
+    st->shared_sum[chunk] = st->sums[chunk];
     psa_frame_destroy(d, own);
     d->stats.shares++;
     count_shared(d, +1);
@@ -306,6 +319,22 @@ static struct device *first_device(void)
  * rank), so the ranks skip the same boundaries: a round is collective. */
 #define MAX_ROUND_GAP 16
 static uint32_t round_gap = 1, boundaries_since_round; /* under the first device's lock */
+
+/* Paged-in shared chunks left alone for an iteration leave the GPU, as idle host chunks
+ * are shared: unchanged, back onto the node's copy with no copy (a GPU frame freed); else
+ * they stay where they are, this rank's own. Rank-local: every rank's pieces stay. The
+ * device is synchronized. */
+static void leave_idle(struct device *d, uint64_t period)
+{
+  for (uint64_t i = 0; i < d->nchunks && !atomic_load(&stopped); i++) {
+    struct chunk *c = &d->chunks[i];
+    if (!d->shard->paged_in[i] || c->in_flight || c->copy || d->clock - c->last_use < period)
+      continue;
+    uint32_t own = c->frame;
+    if (psa_shard_leave(d, i))
+      psa_frame_give(d, own);
+  }
+}
 
 void psa_shard_boundary(void)
 {
@@ -352,6 +381,7 @@ void psa_shard_boundary(void)
     st->agreed_before[i] = st->agree[i] && d->chunks[i].frame != psa_shared_frame(d) ? st->sums[i] : 0;
     equal += st->agree[i];
   }
+  leave_idle(d, period);
   d->stats.share_round_ns += psa_now_ns() - start;
   if (equal)
     round_gap = 1;
@@ -363,13 +393,31 @@ void psa_shard_boundary(void)
   pthread_mutex_unlock(&d->lock);
 }
 
-void psa_shard_drop(struct device *d, uint64_t chunk)
+/* This rank no longer holds the chunk's pieces (the others may still map them). */
+static void forget_pieces(struct device *d, uint64_t chunk)
 {
-  unmap_pieces(d, chunk, d->shard->n);
   release_pieces(d, chunk);
   psc_host_release(d->shard->len);
+  d->shard->paged_in[chunk] = false;
   count_shared(d, -1);
 }
+
+/* The chunk was touched after sharing and its own frame holds its data now. */
+static void let_go(struct device *d, uint64_t chunk)
+{
+  forget_pieces(d, chunk);
+  d->shard->rewritten[chunk] = (struct rewritten){d->chunks[chunk].span, d->chunks[chunk].span->last_alloc};
+  d->stats.unshares++;
+}
+
+void psa_shard_drop(struct device *d, uint64_t chunk)
+{
+  if (d->chunks[chunk].frame == psa_shared_frame(d))
+    unmap_pieces(d, chunk, d->shard->n);
+  forget_pieces(d, chunk);
+}
+
+bool psa_shard_paged_in(const struct device *d, uint64_t chunk) { return d->shard && d->shard->paged_in[chunk]; }
 
 /* A frame for a chunk that must become private: host first (it was a host chunk), else the
  * GPU, else one more host frame than the budget allows, since the alternative is a write
@@ -389,10 +437,16 @@ static uint32_t private_frame(struct device *d)
   return f;
 }
 
+/* Onto a GPU frame when one can be had: paged in, its pieces kept, so that leaving the GPU
+ * unchanged costs no copy and no host frame (psa_shard_leave); else onto a host frame of its
+ * own, the pieces let go. */
 void psa_unshare(struct device *d, uint64_t chunk)
 {
   struct psa_shard *st = d->shard;
-  uint32_t f = private_frame(d);
+  uint32_t f = atomic_load(&stopped) ? PSA_NO_FRAME : psa_frame_take(d, PSA_GPU);
+  bool keep = f != PSA_NO_FRAME;
+  if (!keep)
+    f = private_frame(d);
   if (d->chunks[chunk].frame != psa_shared_frame(d)) { /* taking a frame may drop the lock */
     if (f != PSA_NO_FRAME)
       psa_frame_give(d, f);
@@ -411,13 +465,32 @@ void psa_unshare(struct device *d, uint64_t chunk)
              d->ordinal);
     _exit(1);
   }
-  release_pieces(d, chunk);
-  psc_host_release(st->len);
-  st->rewritten[chunk] = (struct rewritten){d->chunks[chunk].span, d->chunks[chunk].span->last_alloc};
   d->chunks[chunk].frame = f;
   psa_span_relist(d, d->chunks[chunk].span);
-  d->stats.unshares++;
-  count_shared(d, -1);
+  if (keep) {
+    st->paged_in[chunk] = true;
+    d->stats.shared_pageins++;
+  } else {
+    let_go(d, chunk);
+  }
+}
+
+bool psa_shard_leave(struct device *d, uint64_t chunk)
+{
+  struct psa_shard *st = d->shard;
+  if (!st || !st->paged_in[chunk])
+    return false;
+  /* psshim cannot tell a read from a write: the bytes tell. Equal to the node's copy (a
+   * chunk only read, as frozen weights are), the pieces are mapped back. */
+  if (!atomic_load(&stopped) && checksum(d, st, chunk) == st->shared_sum[chunk] && map_pieces(d, chunk)) {
+    d->chunks[chunk].frame = psa_shared_frame(d);
+    st->paged_in[chunk] = false;
+    psa_span_relist(d, d->chunks[chunk].span);
+    d->stats.shared_clean_leaves++;
+    return true;
+  }
+  let_go(d, chunk);
+  return false;
 }
 
 void psa_shard_stop(void)
@@ -434,5 +507,7 @@ void psa_shard_stop(void)
   for (uint64_t i = 0; d->shard && i < d->nchunks; i++)
     if (d->chunks[i].frame == psa_shared_frame(d))
       psa_unshare(d, i);
+    else if (d->shard->paged_in[i])
+      let_go(d, i);
   pthread_mutex_unlock(&d->lock);
 }

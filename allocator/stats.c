@@ -54,7 +54,8 @@ void psa_stats_write(FILE *f, bool json)
             "\"plan_ns\": %llu, \"move_ns\": %llu, \"remap_ns\": %llu, \"scan_ns\": %llu, \"poll_ns\": %llu, "
             "\"frame_wait_ns\": %llu, \"frame_make_ns\": %llu, \"runahead_wait_ns\": %llu, \"runahead_timeouts\": %llu, "
             "\"event_queries\": %llu, \"share_rounds\": %llu, \"share_round_ns\": %llu, \"shares\": %llu, "
-            "\"unshares\": %llu, \"shared_chunks\": %llu, \"shared_host_bytes\": %llu, "
+            "\"unshares\": %llu, \"shared_pageins\": %llu, \"shared_clean_leaves\": %llu, "
+            "\"shared_chunks\": %llu, \"shared_host_bytes\": %llu, "
             "\"shard_saved_bytes\": %llu, \"peak_shard_saved_bytes\": %llu}\n",
             (unsigned long long)s.allocs, (unsigned long long)s.frees, (unsigned long long)s.failed_allocs,
             (unsigned long long)s.live_bytes, (unsigned long long)s.peak_live_bytes,
@@ -76,7 +77,8 @@ void psa_stats_write(FILE *f, bool json)
             (unsigned long long)s.runahead_wait_ns,
             (unsigned long long)s.runahead_timeouts, (unsigned long long)s.event_queries,
             (unsigned long long)s.share_rounds, (unsigned long long)s.share_round_ns, (unsigned long long)s.shares,
-            (unsigned long long)s.unshares, (unsigned long long)s.shared_chunks,
+            (unsigned long long)s.unshares, (unsigned long long)s.shared_pageins,
+            (unsigned long long)s.shared_clean_leaves, (unsigned long long)s.shared_chunks,
             (unsigned long long)s.shared_host_bytes, (unsigned long long)s.shard_saved_bytes,
             (unsigned long long)s.peak_shard_saved_bytes);
     return;

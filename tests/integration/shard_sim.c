@@ -7,6 +7,9 @@
  * DIVERGE=1 makes rank 1's first replicated buffer differ in one word from the start.
  * REWRITE=1 also writes the same value into that buffer on every rank halfway, so it is
  * equal on every rank again and untouched for the next half.
+ * READERS=n adds n replicated buffers that a kernel reads (never writes) every third step
+ * of the first half, as frozen weights are read, then leaves alone; a quarter of the way
+ * in, each rank writes its own value into the first of them.
  * DEVICE_PER_RANK=1 runs rank r on device r, as a torchrun job does (the driver needs
  * FAKECUDA_DEVICE_COUNT ranks).
  * Every buffer is read back and compared with a host mirror at the end.
@@ -19,7 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-enum kind { COLD, HOT, PRIVATE };
+enum kind { COLD, HOT, PRIVATE, READ };
 struct buffer {
   enum kind kind;
   uint64_t words;
@@ -61,6 +64,17 @@ static void update_fn(void **args, void *user)
     buf[i] = buf[i] * 3u + act[i % act_n];
 }
 
+/* act[i] += buf[i % n]: reads buf only */
+static void read_fn(void **args, void *user)
+{
+  (void)user;
+  uint32_t *act = *(uint32_t **)args[0];
+  const uint32_t *buf = *(uint32_t **)args[1];
+  uint64_t act_n = *(uint64_t *)args[2], n = *(uint64_t *)args[3];
+  for (uint64_t i = 0; i < act_n; i++)
+    act[i] += buf[i % n];
+}
+
 /* buf[0] = value */
 static void poke_fn(void **args, void *user)
 {
@@ -75,6 +89,7 @@ int main(int argc, char **argv)
   int rank = getenv("RANK") ? atoi(getenv("RANK")) : 0;
   int diverge = getenv("DIVERGE") && atoi(getenv("DIVERGE")) && rank == 1;
   int rewrite = getenv("REWRITE") && atoi(getenv("REWRITE"));
+  int readers = getenv("READERS") ? atoi(getenv("READERS")) : 0;
   rng = seed * 2654435761u + 1;
   if (getenv("DEVICE_PER_RANK") && atoi(getenv("DEVICE_PER_RANK")))
     check(cudaSetDevice(rank), "cudaSetDevice");
@@ -82,14 +97,15 @@ int main(int argc, char **argv)
   CUfunction fill = fakecuda_register_kernel("fill", fill_fn, NULL, 3, fill_sizes);
   CUfunction update = fakecuda_register_kernel("update", update_fn, NULL, 4, update_sizes);
   CUfunction poke = fakecuda_register_kernel("poke", poke_fn, NULL, 2, poke_sizes);
+  CUfunction reader = fakecuda_register_kernel("read", read_fn, NULL, 4, update_sizes);
   cudaStream_t s;
   check(cudaStreamCreate(&s), "cudaStreamCreate");
 
-  int nbuf = 10 + (int)(next() % 6), poked = -1;
+  int nrandom = 10 + (int)(next() % 6), nbuf = nrandom + readers, poked = -1;
   struct buffer *buf = calloc((size_t)nbuf, sizeof *buf);
   for (int b = 0; b < nbuf; b++) {
     uint64_t r = next() % 10;
-    buf[b].kind = r < 5 ? COLD : r < 7 ? HOT : PRIVATE;
+    buf[b].kind = b >= nrandom ? READ : r < 5 ? COLD : r < 7 ? HOT : PRIVATE;
     buf[b].words = (16 + next() % (6u << 18)) & ~(uint64_t)1023; /* 4 KiB to 6 MiB */
     buf[b].mirror = malloc(buf[b].words * 4);
     for (uint64_t i = 0; i < buf[b].words; i++)
@@ -109,12 +125,22 @@ int main(int argc, char **argv)
     void *fp[] = {&act, &act_n, &st};
     launch(fill, fp, s);
     for (int b = 0; b < nbuf; b++) {
+      if (buf[b].kind == READ && step % 3 == b % 3 && step < steps / 2) {
+        void *rp[] = {&act, &buf[b].dev, &act_n, &buf[b].words};
+        launch(reader, rp, s);
+      }
       if (buf[b].kind != HOT)
         continue;
       void *up[] = {&buf[b].dev, &act, &buf[b].words, &act_n};
       launch(update, up, s);
       for (uint64_t i = 0; i < buf[b].words; i++)
         buf[b].mirror[i] = buf[b].mirror[i] * 3u + (uint32_t)((i % act_n) * 7 + st);
+    }
+    if (readers && step == steps / 4) {
+      uint32_t value = 2000u + (uint32_t)rank;
+      void *pp[] = {&buf[nrandom].dev, &value};
+      launch(poke, pp, s);
+      buf[nrandom].mirror[0] = value;
     }
     if ((step == steps - 3 || (rewrite && step == steps / 2)) && poked >= 0) {
       /* near the end each rank its own value; halfway (REWRITE) the same one */
