@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import json
 import os
+import shutil
 import sys
 import textwrap
 import time
@@ -26,6 +27,8 @@ from torch.utils.checkpoint import checkpoint
 import benchlib
 
 ENV_PREFIX = "GPT_TRAIN_"
+# AdamW settings of every run (torch's defaults), also given to DeepSpeed's optimizer.
+ADAMW = {"betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
 MEMORY_NOTE = (
     "max_allocated/max_reserved are torch's allocator counters. With the default caching "
     "allocator they count every tensor, also those psshim placed in host memory; with "
@@ -102,6 +105,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "=True), world size 1 in this process (under torchrun: its world); with "
                         "bf16 it uses MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) "
                         "instead of autocast, and the optimizer steps on the CPU")
+    g.add_argument("--deepspeed-offload", action="store_true",
+                   help="DeepSpeed ZeRO-Offload: ZeRO stage 2 with offload_optimizer {device: cpu, "
+                        "pin_memory: true} and the same AdamW settings, world size 1 in this process "
+                        "(under torchrun: its world); with bf16 DeepSpeed's bf16 mode (bf16 weights "
+                        "and gradients on the GPU, fp32 master weights on the host) instead of "
+                        "autocast. Needs an importable deepspeed: bench/deepspeed/install.sh, then "
+                        "PYTHONPATH=bench/deepspeed/site")
+    g.add_argument("--deepspeed-cpu-adam", action=argparse.BooleanOptionalAction, default=True,
+                   help="with --deepspeed-offload: DeepSpeedCPUAdam, whose cpu_adam op torch builds at "
+                        "first use (ninja, a C++ compiler, Python.h; minutes); --no-deepspeed-cpu-adam: "
+                        "torch.optim.AdamW on the host instead (DeepSpeed's torch_adam) (default: on)")
     g.add_argument("--ddp", action="store_true",
                    help="DistributedDataParallel under torchrun (RANK, LOCAL_RANK, WORLD_SIZE, "
                         "MASTER_ADDR/PORT from its environment; nccl on cuda, gloo on cpu): each "
@@ -155,8 +169,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--steps must be at least 1")
     if args.fsdp_offload and args.tie_embeddings:
         parser.error("--fsdp-offload with --tie-embeddings is not supported")
-    if args.ddp and args.fsdp_offload:
-        parser.error("--ddp and --fsdp-offload are two different baselines: choose one")
+    if sum((args.ddp, args.fsdp_offload, args.deepspeed_offload)) > 1:
+        parser.error("--ddp, --fsdp-offload and --deepspeed-offload are different baselines: choose one")
     if args.ddp and "WORLD_SIZE" not in os.environ:
         parser.error("--ddp needs torchrun's environment (run it as torchrun --nproc_per_node=N "
                      "bench/gpt_train.py --ddp ...)")
@@ -330,6 +344,52 @@ def build_fsdp_offload(a: argparse.Namespace, device: torch.device):
     return model, contextlib.nullcontext
 
 
+def import_deepspeed():
+    """The deepspeed package, or exit with one line saying how to get it."""
+    try:
+        import deepspeed
+    except Exception as exc:  # noqa: BLE001 - missing, or a dependency that does not import
+        why = f"{type(exc).__name__}: {exc}"
+    else:
+        if getattr(deepspeed, "__file__", None):  # not just bench/deepspeed/ as a namespace package
+            if shutil.which("ninja") is None:  # the cpu_adam build runs it; install.sh's is in bin/
+                bin_dir = os.path.join(os.path.dirname(os.path.dirname(deepspeed.__file__)), "bin")
+                os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+            return deepspeed
+        why = "no module named 'deepspeed'"
+    raise SystemExit(f"gpt_train: --deepspeed-offload needs DeepSpeed, which does not import ({why}); "
+                     "install it with bench/deepspeed/install.sh and run with "
+                     "PYTHONPATH=bench/deepspeed/site")
+
+
+def deepspeed_config(a: argparse.Namespace, device: torch.device) -> dict:
+    """ZeRO-Offload as published (ZeRO stage 2, optimizer state and step on the host, the
+    tutorial's contiguous_gradients and overlap_comm), stepping with the native run's AdamW."""
+    return {
+        "train_micro_batch_size_per_gpu": a.batch, "gradient_accumulation_steps": 1,
+        "steps_per_print": 1 << 30, "bf16": {"enabled": a.dtype == "bf16"},
+        "zero_optimization": {"stage": 2, "contiguous_gradients": True, "overlap_comm": True,
+                              "offload_optimizer": {"device": "cpu",
+                                                    "pin_memory": device.type == "cuda"}},
+        "optimizer": {"type": "AdamW", "params": {"lr": a.lr, **ADAMW,
+                                                  "torch_adam": not a.deepspeed_cpu_adam}},
+    }
+
+
+def build_deepspeed_offload(a: argparse.Namespace, device: torch.device):
+    """DeepSpeed's engine, which also steps (train_step). The model is built and initialized
+    in host memory (same values as native); DeepSpeed moves it to the GPU (in bf16 with
+    --dtype bf16) and keeps fp32 master weights and AdamW state on the host."""
+    deepspeed = import_deepspeed()
+    init_distributed(device)
+    os.environ.setdefault("LOCAL_RANK", str(ranks()[1]))  # the engine reads it
+    model = GPT(a)
+    init_params(model, a.layers, a.seed, device)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                      config=deepspeed_config(a, device))
+    return engine, contextlib.nullcontext
+
+
 def make_batch(a: argparse.Namespace, device: torch.device):
     gen = torch.Generator(device=device).manual_seed(a.seed + 1 + ranks()[0])
     tokens = torch.randint(0, a.vocab, (a.batch, a.seq + 1), generator=gen, device=device)
@@ -383,6 +443,10 @@ def train_step(model, opt, inputs, targets, autocast) -> torch.Tensor:
     with autocast():
         logits = model(inputs)
     loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
+    if opt is None:  # a DeepSpeed engine: its backward, and its step, which zeroes the gradients
+        model.backward(loss)
+        model.step()
+        return loss.detach()
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
@@ -445,7 +509,8 @@ def summarize_memory(init: dict, steps: list) -> dict:
 def base_result(a: argparse.Namespace) -> dict:
     return {
         "script": "gpt_train.py", "argv": sys.argv[1:], "config": vars(a),
-        "mode": "fsdp-offload" if a.fsdp_offload else "ddp" if a.ddp else "native",
+        "mode": "fsdp-offload" if a.fsdp_offload else "deepspeed-offload" if a.deepspeed_offload
+        else "ddp" if a.ddp else "native",
         "rank": ranks()[0], "world_size": ranks()[2],
         "flops_formula": benchlib.FLOPS_FORMULA,
         "flops_per_step": benchlib.megatron_flops(a.batch, a.seq, a.layers, a.hidden, a.vocab,
@@ -497,10 +562,16 @@ def train(a: argparse.Namespace, res: dict) -> dict:
     res["device_name"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     torch.manual_seed(a.seed)
     reset_peaks(device)
-    model, autocast = (build_fsdp_offload if a.fsdp_offload else build_native)(a, device)
+    build = build_fsdp_offload if a.fsdp_offload else \
+        build_deepspeed_offload if a.deepspeed_offload else build_native
+    model, autocast = build(a, device)
     res["param_count"] = count_params(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr,
-                            fused=bool(a.fused_adamw and device.type == "cuda"))
+    opt = None if a.deepspeed_offload else torch.optim.AdamW(
+        model.parameters(), lr=a.lr, **ADAMW, fused=bool(a.fused_adamw and device.type == "cuda"))
+    if a.deepspeed_offload:
+        res["deepspeed"] = {"version": sys.modules["deepspeed"].__version__,
+                            "optimizer": type(model.basic_optimizer).__name__,
+                            "config": deepspeed_config(a, device)}
     inputs, targets = make_batch(a, device)
     synchronize(device)
     init_mem = memory_now(device)

@@ -11,6 +11,9 @@ timeout:
   psshim-static  the same with PSSHIM_POLICY=static
   fsdp-offload   FSDP2 fully_shard + CPUOffloadPolicy(pin_memory=True), world size 1,
                  torch memory fraction = budget (gpt_train.py --fsdp-offload --memory-budget)
+  deepspeed-offload  DeepSpeed ZeRO-Offload (ZeRO-2, optimizer on the host, DeepSpeedCPUAdam),
+                 memory fraction = budget (gpt_train.py --deepspeed-offload --memory-budget),
+                 with PYTHONPATH=bench/deepspeed/site (bench/deepspeed/install.sh's target)
   native-budget  plain torch with memory fraction = budget; only run where budget >= the
                  native peak (below it, it cannot fit and is recorded as skipped)
 
@@ -37,10 +40,14 @@ import benchlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRAIN_SCRIPT = os.path.join(HERE, "gpt_train.py")
-METHODS = ("psshim-auto", "psshim-static", "fsdp-offload", "native-budget")
+METHODS = ("psshim-auto", "psshim-static", "fsdp-offload", "deepspeed-offload", "native-budget")
 SIZE_FLAGS = ("layers", "hidden", "heads", "seq", "batch", "vocab")
 FSDP_BYTES_NOTE = ("estimate, no counters: fp32 parameters copied host->device in forward and "
                    "again in backward (4+4 B/param), fp32 gradients device->host (4 B/param)")
+DEEPSPEED_BYTES_NOTE = ("estimate, no counters: gradients cast to fp32 on the GPU and copied "
+                        "device->host (4 B/param), bf16 parameters host->device after the host "
+                        "step (2 B/param) (DeepSpeed 0.19.8 stage_1_and_2.py, bf16)")
+DEEPSPEED_SITE = os.path.join(HERE, "deepspeed", "site")  # bench/deepspeed/install.sh's target
 
 
 # ----------------------------------------------------------------------------- options
@@ -77,7 +84,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "native run's; needed by --dry-run for concrete numbers")
     p.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=True,
                    help="pass --deterministic to the native and psshim runs so their losses "
-                        "can match bitwise (FSDP never: its numerics differ) (default: on)")
+                        "can match bitwise (FSDP and DeepSpeed never: their numerics differ) "
+                        "(default: on)")
     p.add_argument("--out", default=os.path.join(HERE, "results", "paging_sweep.json"),
                    help="result JSON (default: bench/results/paging_sweep.json); per-run "
                         "logs and JSON go to <out without .json>_runs/")
@@ -164,6 +172,10 @@ def make_run(a, method: str, ratio: float | None, budget: int | None,
         run.argv = train_argv(a, run.json_path, *det)
     elif method == "fsdp-offload":
         run.argv = train_argv(a, run.json_path, "--fsdp-offload", "--memory-budget", budget_text)
+    elif method == "deepspeed-offload":
+        path = os.environ.get("PYTHONPATH")
+        run.env = {"PYTHONPATH": DEEPSPEED_SITE + (os.pathsep + path if path else "")}
+        run.argv = train_argv(a, run.json_path, "--deepspeed-offload", "--memory-budget", budget_text)
     else:  # native-budget
         run.argv = train_argv(a, run.json_path, "--memory-budget", budget_text, *det)
         fits = budget >= native_peak if None not in (budget, native_peak) else ratio <= 1.0
@@ -246,7 +258,7 @@ def status_of(outcome: dict, result) -> str:
 
 
 def copy_bytes(run: Run, result: dict, stats, params: int | None) -> dict:
-    """Bytes copied per step each way: psshim's counters, or the FSDP estimate."""
+    """Bytes copied per step each way: psshim's counters, or the FSDP or DeepSpeed estimate."""
     steps = len(result.get("loss_hex", [])) if result else 0
     if run.method.startswith("psshim"):
         if not isinstance(stats, dict) or "bytes_h2d" not in stats:
@@ -262,6 +274,9 @@ def copy_bytes(run: Run, result: dict, stats, params: int | None) -> dict:
     if run.method == "fsdp-offload" and params:
         return {"bytes_h2d_per_step": 8.0 * params, "bytes_d2h_per_step": 4.0 * params,
                 "bytes_basis": FSDP_BYTES_NOTE}
+    if run.method == "deepspeed-offload" and params:
+        return {"bytes_h2d_per_step": 2.0 * params, "bytes_d2h_per_step": 4.0 * params,
+                "bytes_basis": DEEPSPEED_BYTES_NOTE}
     return {"bytes_h2d_per_step": 0.0, "bytes_d2h_per_step": 0.0, "bytes_basis": "no paging"}
 
 
