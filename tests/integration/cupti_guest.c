@@ -6,6 +6,7 @@
  * CUPTI itself. Prints the launches made ("launches N") for the stats check; any failed
  * check exits non-zero naming it. */
 #define SIM_NAME "cupti_guest"
+#include "tests/integration/check.h"
 #include "tests/integration/sim.h"
 
 #include <cupti.h>
@@ -14,14 +15,7 @@
 #include <string.h>
 
 static atomic_int launches_seen, syncs_seen;
-static int failures, launches_made;
-
-#define CHECK(name, cond) \
-  do { \
-    bool ok_ = (cond); \
-    printf("%-60s %s\n", name, ok_ ? "ok" : "FAILED"); \
-    failures += !ok_; \
-  } while (0)
+static int launches_made;
 
 static void CUPTIAPI on_callback(void *user, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void *data)
 {

@@ -12,14 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static int failures;
-
-#define CHECK(name, cond)                                              \
-  do {                                                                 \
-    bool ok_ = (cond);                                                 \
-    printf("%-58s %s\n", name, ok_ ? "ok" : "FAILED");                 \
-    failures += !ok_;                                                  \
-  } while (0)
+#include "check.h"
 
 typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
 typedef CUresult (*alloc_async_fn)(CUdeviceptr *, size_t, CUstream);

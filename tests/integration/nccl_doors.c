@@ -10,13 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int failures;
-#define CHECK(name, cond)                                   \
-  do {                                                      \
-    bool ok_ = (cond);                                      \
-    printf("%-52s %s\n", name, ok_ ? "ok" : "FAILED");      \
-    failures += !ok_;                                       \
-  } while (0)
+#include "check.h"
 
 int main(void)
 {
