@@ -275,7 +275,8 @@ static uint64_t own[(CUPTI_DRIVER_TRACE_CBID_SIZE + 63) / 64];
 
 static bool own_callback(CUpti_CallbackDomain domain, CUpti_CallbackId cbid)
 {
-  return domain == CUPTI_CB_DOMAIN_DRIVER_API && cbid < CUPTI_DRIVER_TRACE_CBID_SIZE && (own[cbid / 64] >> (cbid % 64) & 1);
+  return domain == CUPTI_CB_DOMAIN_DRIVER_API && cbid < CUPTI_DRIVER_TRACE_CBID_SIZE &&
+         (own[cbid / 64] >> (cbid % 64) & 1);
 }
 
 static const struct transfer_kind *transfer_of(CUpti_CallbackId cbid)
@@ -608,7 +609,6 @@ void pst_observe_stop(void)
     ps_log(PS_LOG_WARN, "cuptiUnsubscribe failed: %s", cupti_error(r));
   subscriber = NULL;
 }
-
 
 /* ---- the subscription, as a guest subscriber uses it (cupti_guest.c) ---- */
 
