@@ -139,14 +139,19 @@ fail:
  * it pays only once a page-in can gather it), not touched after being shared while its
  * span holds the same allocations, with nothing in flight on it. The device is
  * synchronized, so no enqueued work touches it. */
+/* Untouched for an iteration, with nothing in flight on it. */
+static bool idle(const struct device *d, const struct chunk *c, uint64_t period)
+{
+  return d->clock - c->last_use >= period && !c->in_flight && !c->copy;
+}
+
 static bool candidate(struct device *d, uint64_t chunk, uint64_t period)
 {
   const struct chunk *c = &d->chunks[chunk];
   const struct rewritten *w = &d->shard->rewritten[chunk];
   return c->frame != PSA_NO_FRAME && c->frame != psa_shared_frame(d) && d->frames[c->frame].where == PSA_HOST &&
          c->span && !c->span->building && c->span->live_allocs && d->clock - c->span->last_alloc >= period &&
-         d->clock - c->last_use >= period && !c->in_flight && !c->copy &&
-         !(w->span == c->span && w->last_alloc == c->span->last_alloc);
+         idle(d, c, period) && !(w->span == c->span && w->last_alloc == c->span->last_alloc);
 }
 
 static uint64_t mix(uint64_t h, uint64_t v)
@@ -328,7 +333,7 @@ static void leave_idle(struct device *d, uint64_t period)
 {
   for (uint64_t i = 0; i < d->nchunks && !atomic_load(&stopped); i++) {
     struct chunk *c = &d->chunks[i];
-    if (!d->shard->paged_in[i] || c->in_flight || c->copy || d->clock - c->last_use < period)
+    if (!d->shard->paged_in[i] || !idle(d, c, period))
       continue;
     uint32_t own = c->frame;
     if (psa_shard_leave(d, i))

@@ -30,10 +30,15 @@ static char stand_in_byte; /* its address is the guest's handle: nothing else ha
 
 static bool valid_domain(int domain) { return domain > CUPTI_CB_DOMAIN_INVALID && domain < CUPTI_CB_DOMAIN_SIZE; }
 
+/* Whether the guest has the callback on (a valid domain, cbid < GUEST_CBIDS). */
+static bool guest_on(int domain, uint32_t cbid)
+{
+  return atomic_load_explicit(&guest.on[domain][cbid / 64], memory_order_relaxed) >> (cbid % 64) & 1;
+}
+
 void pst_guest_dispatch(CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void *data)
 {
-  if (!valid_domain((int)domain) || cbid >= GUEST_CBIDS ||
-      !(atomic_load_explicit(&guest.on[domain][cbid / 64], memory_order_relaxed) >> (cbid % 64) & 1))
+  if (!valid_domain((int)domain) || cbid >= GUEST_CBIDS || !guest_on((int)domain, cbid))
     return;
   CUpti_CallbackFunc fn = atomic_load_explicit(&guest.fn, memory_order_acquire);
   if (fn)
@@ -141,7 +146,7 @@ int pst_guest_state(uint32_t *enable, void *handle, int domain, uint32_t cbid)
     return PST_GUEST_PASS;
   if (!enable || !valid_domain(domain) || cbid >= GUEST_CBIDS || !pst_guest_active())
     return CUPTI_ERROR_INVALID_PARAMETER;
-  *enable = atomic_load_explicit(&guest.on[domain][cbid / 64], memory_order_relaxed) >> (cbid % 64) & 1;
+  *enable = guest_on(domain, cbid);
   return CUPTI_SUCCESS;
 }
 
