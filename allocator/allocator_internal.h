@@ -218,6 +218,11 @@ void psa_shard_stop(void);
 /* Moves a chunk no launch is using onto a frame of `to` (see pager.c); NOT_READY when it
  * is busy or too many copies are in flight, OUT_OF_MEMORY without a frame. */
 CUresult psa_move(struct device *d, uint64_t chunk, enum psa_where to);
+/* A GPU frame taken for a chunk needed at moment `need`: one free or makeable beyond the
+ * margin (what the coming part of the iteration's short-lived allocations will want), else
+ * the frame of the model chunk on the GPU needed farthest after `need` (Belady), paged out
+ * and waited for; PSA_NO_FRAME when none is needed later. */
+uint32_t psa_frame_for(struct device *d, uint64_t period, uint64_t need);
 /* True once the chunk's last move's copy has completed (sync: wait for it). */
 bool psa_copy_done(struct device *d, uint64_t chunk, bool sync);
 /* Frees what completed copies held: marks, and frames moved away from. */

@@ -434,6 +434,32 @@ static void count_frames(struct device *d, uint64_t now, uint64_t period, uint64
     *room += d->frames[d->deferred[i].frame].where == PSA_GPU;
 }
 
+/* GPU frames the iteration's short-lived allocations will want in the coming part of the
+ * iteration (the most they held in that part last time), at most the budget. */
+static uint64_t coming_margin(const struct device *d, uint64_t now, uint64_t period)
+{
+  uint64_t margin = psp_phase_ahead(&d->young, now, period / MARGIN_LOOKAHEAD);
+  return margin < d->gpu_frame_limit ? margin : d->gpu_frame_limit;
+}
+
+uint32_t psa_frame_for(struct device *d, uint64_t period, uint64_t need)
+{
+  uint64_t margin = coming_margin(d, d->clock, period);
+  if (d->gpu_frames_held < d->gpu_frame_limit && d->gpu_frame_limit - d->gpu_frames_held > margin)
+    return psa_frame_take(d, PSA_GPU);
+  psp_cand *victims = d->cands + d->nchunks;
+  size_t nv = candidates(d, PSA_GPU, d->clock, period, victims);
+  for (size_t v = 0; v < nv && victims[v].next_use > need; v++) {
+    uint64_t chunk = victims[v].chunk;
+    if (!movable(d, chunk) || psa_move(d, chunk, PSA_HOST) != CUDA_SUCCESS)
+      continue;
+    psa_copy_done(d, chunk, true);
+    psa_moves_poll(d); /* its GPU frame is free once the copy out of it is done */
+    return psa_frame_take(d, PSA_GPU);
+  }
+  return PSA_NO_FRAME;
+}
+
 /* Nothing moves until the iteration's period is known: without it nothing tells the
  * iteration's short-lived allocations from model data. (When free frames were filled with
  * recently used host chunks meanwhile, auto's first steps at 2x the budget took 26 s each
@@ -462,9 +488,7 @@ static void plan(struct device *d, uint64_t now)
   if (young_all > d->margin) /* counted in host frames too: what did not fit counts */
     d->stats.margin_frames = d->margin = young_all;
   psp_phase_note(&d->young, now, period, young_all);
-  uint64_t margin = psp_phase_ahead(&d->young, now, period / MARGIN_LOOKAHEAD);
-  if (margin > d->gpu_frame_limit)
-    margin = d->gpu_frame_limit;
+  uint64_t margin = coming_margin(d, now, period);
   uint64_t keep = margin > young_gpu ? margin - young_gpu : 0;
   size_t nf = candidates(d, PSA_HOST, now, period, fetch), nv = candidates(d, PSA_GPU, now, period, victims);
   d->stats.scan_ns += psa_now_ns() - scan_start;

@@ -6,9 +6,10 @@
  * not foresee still finds its data) while the node holds it once.
  *
  * Which chunks: at iteration boundaries (psa_shard_boundary says which) the ranks checksum
- * their candidate chunks (host frames of spans no younger than an iteration, untouched for
- * an iteration) and compare; a chunk equal on every rank, and unchanged, at two rounds in a
- * row becomes shared. The ranks evaluate every chunk id in the same round and learn the
+ * their candidate chunks (host frames of spans no younger than an iteration) and compare; a
+ * chunk equal on every rank, and unchanged, at two rounds in a row becomes shared. One a
+ * rank sees change between two rounds (written every step: parameters, optimizer state)
+ * is not checksummed again while its span holds the same allocations. The ranks evaluate every chunk id in the same round and learn the
  * same answer, so they share the same chunks in the same order; what is rank-local
  * (placement, pressure, a launch in flight) only makes a chunk a non-candidate, which
  * every rank then sees as "not equal".
@@ -19,15 +20,21 @@
  * cannot see stops sharing and unshares every chunk first. Unsharing is local: the other
  * ranks keep their mappings of the pieces, which stay alive while any rank maps them.
  *
- * Page-in, rank-local: a touched shared chunk goes onto a GPU frame when one can be had,
- * and this rank keeps its pieces. When it leaves the GPU (the pager's eviction, or idle for
- * an iteration at a round) with the bytes it was shared with, it is mapped back onto the
- * pieces, with no copy and no host frame: read-only data (frozen weights) stays at 1/N of
- * the host memory. Otherwise the pieces are let go and it is this rank's own.
+ * Page-in, gathered: at a round, the shared chunks every rank used in the last iteration
+ * come onto GPU frames, as many as every rank has room for beyond the margin: each rank
+ * copies its own piece in and the ranks all-gather the rest over psshim's NCCL
+ * communicator, N x the bandwidth of one rank copying the whole chunk. A gather is
+ * collective, so what is gathered is agreed over the star (every rank says what it wants
+ * and what it took a frame for; the gather is what all said), never decided from one rank's
+ * memory alone. Page-in, rank-local: a shared chunk touched between rounds goes onto a GPU
+ * frame when one can be had. Either way this rank keeps its pieces, and when the chunk
+ * leaves the GPU (the pager's eviction, or idle for an iteration at a round) with the bytes
+ * it was shared with, it is mapped back onto the pieces, with no copy and no host frame:
+ * read-only data (frozen weights) stays at 1/N of the host memory. Otherwise the pieces
+ * are let go and it is this rank's own.
  *
- * Not built: page-in as own piece + all-gather (N x the bandwidth), and the collective
- * write-back that data a step writes (parameters, optimizer state) would need; checksums
- * on the GPU. Only the first device of a rank shares. */
+ * Not built: the collective write-back that data a step writes (parameters, optimizer
+ * state) would need; checksums on the GPU. Only the first device of a rank shares. */
 #include "allocator/allocator_internal.h"
 #include "comm/comm.h"
 
@@ -58,6 +65,9 @@ struct psa_shard {
   struct rewritten *rewritten;          /* per chunk: made private again, while its span lasts */
   uint64_t *shared_sum;                 /* per chunk: its agreed checksum when it was shared */
   bool *paged_in;                       /* per chunk: on a GPU frame of its own, pieces kept */
+  uint64_t *seen_sum;                   /* per chunk: this rank's checksum of it at the last round */
+  uint32_t *gather_frame;               /* per chunk: the GPU frame taken for its gather */
+  bool comm_ready, comm_failed;         /* psshim's NCCL communicator, made at the first gather */
   CUmemGenericAllocationHandle *pieces; /* n per chunk while it is shared */
 };
 
@@ -106,10 +116,13 @@ static struct psa_shard *state(struct device *d)
   st->rewritten = calloc(d->nchunks, sizeof *st->rewritten);
   st->shared_sum = calloc(d->nchunks, sizeof *st->shared_sum);
   st->paged_in = calloc(d->nchunks, sizeof *st->paged_in);
+  st->seen_sum = calloc(d->nchunks, sizeof *st->seen_sum);
+  st->gather_frame = calloc(d->nchunks, sizeof *st->gather_frame);
   st->pieces = calloc(d->nchunks * (uint64_t)n, sizeof *st->pieces);
   if (!st->sums || !st->agree || !st->agreed_before || !st->rewritten || !st->shared_sum || !st->paged_in ||
-      !st->pieces)
+      !st->seen_sum || !st->gather_frame || !st->pieces)
     goto fail;
+  memset(st->gather_frame, 0xff, d->nchunks * sizeof *st->gather_frame); /* PSA_NO_FRAME */
   if (PS_CU(ps_driver.cuStreamCreate(&st->stream, CU_STREAM_NON_BLOCKING)))
     goto fail;
   /* Checksums are computed on the CPU from a pinned copy: host frames are not readable by
@@ -127,31 +140,36 @@ fail_stream:
 fail:
   if (st) {
     free(st->sums), free(st->agree), free(st->agreed_before), free(st->rewritten), free(st->shared_sum);
-    free(st->paged_in), free(st->pieces);
+    free(st->paged_in), free(st->seen_sum), free(st->gather_frame), free(st->pieces);
     free(st);
   }
   return NULL;
 }
 
-/* A chunk this rank may offer: in a host frame of its own, in a span allocated into no
- * later than an iteration ago (the iteration's short-lived tensors change), untouched for
- * an iteration (a chunk used every iteration would be made private again at once: sharing
- * it pays only once a page-in can gather it), not touched after being shared while its
- * span holds the same allocations, with nothing in flight on it. The device is
- * synchronized, so no enqueued work touches it. */
 /* Untouched for an iteration, with nothing in flight on it. */
 static bool idle(const struct device *d, const struct chunk *c, uint64_t period)
 {
   return d->clock - c->last_use >= period && !c->in_flight && !c->copy;
 }
 
+/* A chunk this rank may offer: in a host frame of its own, in a span allocated into no
+ * later than an iteration ago (the iteration's short-lived tensors change), not written
+ * after being shared nor seen to change between rounds while its span holds the same
+ * allocations, with nothing in flight on it. The device is synchronized, so no enqueued
+ * work touches it. */
 static bool candidate(struct device *d, uint64_t chunk, uint64_t period)
 {
   const struct chunk *c = &d->chunks[chunk];
   const struct rewritten *w = &d->shard->rewritten[chunk];
   return c->frame != PSA_NO_FRAME && c->frame != psa_shared_frame(d) && d->frames[c->frame].where == PSA_HOST &&
          c->span && !c->span->building && c->span->live_allocs && d->clock - c->span->last_alloc >= period &&
-         idle(d, c, period) && !(w->span == c->span && w->last_alloc == c->span->last_alloc);
+         !c->in_flight && !c->copy && !(w->span == c->span && w->last_alloc == c->span->last_alloc);
+}
+
+/* Not offered again while its span holds the same allocations. */
+static void mark_rewritten(struct device *d, uint64_t chunk)
+{
+  d->shard->rewritten[chunk] = (struct rewritten){d->chunks[chunk].span, d->chunks[chunk].span->last_alloc};
 }
 
 static uint64_t mix(uint64_t h, uint64_t v)
@@ -307,6 +325,114 @@ static void share(struct device *d, uint64_t chunk)
     stop_sharing();
 }
 
+/* Maps the chunk's own frame f, which holds its bytes, in place of its pieces. */
+static void onto_frame(struct device *d, uint64_t chunk, uint32_t f)
+{
+  unmap_pieces(d, chunk, d->shard->n);
+  if (psa_map(d, chunk_va(d, chunk), d->frames[f].handle)) {
+    ps_error("chunk %llu of device %d could not be remapped: its data is unreachable", (unsigned long long)chunk,
+             d->ordinal);
+    _exit(1);
+  }
+  d->chunks[chunk].frame = f;
+  psa_span_relist(d, d->chunks[chunk].span);
+}
+
+/* The frames taken for gathers go back. */
+static void give_gather_frames(struct device *d)
+{
+  for (uint64_t i = 0; i < d->nchunks; i++)
+    if (d->shard->gather_frame[i] != PSA_NO_FRAME) {
+      psa_frame_give(d, d->shard->gather_frame[i]);
+      d->shard->gather_frame[i] = PSA_NO_FRAME;
+    }
+}
+
+/* Collective, at a round (device synchronized): the shared chunks every rank used in the
+ * last iteration are gathered onto GPU frames (see the top of this file). A failure leaves
+ * every chunk on its pieces, mapped: nothing is lost; a failed communicator ends gathers. */
+static void gather_used(struct device *d, uint64_t period)
+{
+  struct psa_shard *st = d->shard;
+  uint64_t wanted = 0, gathers = 0;
+  for (uint64_t i = 0; i < d->nchunks; i++) {
+    const struct chunk *c = &d->chunks[i];
+    st->sums[i] = !st->comm_failed && c->frame == psa_shared_frame(d) &&
+                  psp_predict_next(c->uses, PSA_USES, d->clock, period) != PSP_NEVER;
+    wanted += st->sums[i];
+  }
+  if (!psc_agree_checksums(st->sums, d->nchunks, st->agree)) {
+    stop_sharing();
+    return;
+  }
+  for (uint64_t i = 0; i < d->nchunks; i++)
+    if (st->agree[i]) {
+      st->gather_frame[i] = psa_frame_for(d, period, psp_predict_next(d->chunks[i].uses, PSA_USES, d->clock, period));
+      if (st->gather_frame[i] == PSA_NO_FRAME)
+        break; /* the rest would be needed no sooner */
+    }
+  /* Taking a frame may drop the lock: a chunk touched meanwhile is this rank's own now. */
+  for (uint64_t i = 0; i < d->nchunks; i++) {
+    uint32_t f = st->gather_frame[i];
+    st->sums[i] = f != PSA_NO_FRAME && d->chunks[i].frame == psa_shared_frame(d);
+    if (f != PSA_NO_FRAME && !st->sums[i]) {
+      psa_frame_give(d, f);
+      st->gather_frame[i] = PSA_NO_FRAME;
+    }
+  }
+  bool agreed = psc_agree_checksums(st->sums, d->nchunks, st->agree);
+  for (uint64_t i = 0; i < d->nchunks; i++)
+    if (st->gather_frame[i] != PSA_NO_FRAME && (!agreed || !st->agree[i])) {
+      psa_frame_give(d, st->gather_frame[i]);
+      st->gather_frame[i] = PSA_NO_FRAME;
+    } else {
+      gathers += st->gather_frame[i] != PSA_NO_FRAME;
+    }
+  if (!agreed)
+    stop_sharing();
+  ps_log(PS_LOG_DEBUG, "gathers: %llu shared chunks used in the last iteration, %llu gathered now",
+         (unsigned long long)wanted, (unsigned long long)gathers);
+  if (!gathers)
+    return;
+  /* Every rank reaches this with the same chunks: the communicator is made by all at once. */
+  ps_own_calls(true); /* NCCL's own allocations are not psshim's to serve: this thread holds the lock */
+  if (!st->comm_ready && !(st->comm_ready = psc_comm_init(ps_driver.cuStreamQuery))) {
+    ps_own_calls(false);
+    st->comm_failed = true;
+    give_gather_frames(d);
+    return;
+  }
+  uint64_t start = psa_now_ns();
+  struct psc_shard mine = psc_shard_of(d->chunk_size, st->n, st->rank);
+  bool copied = true, gathered = true;
+  /* A rank whose copy failed still takes part in every all-gather, or the others would wait
+   * for it; it just keeps none of them. */
+  for (uint64_t i = 0; i < d->nchunks && gathered; i++) {
+    if (st->gather_frame[i] == PSA_NO_FRAME)
+      continue;
+    CUdeviceptr to = d->frames[st->gather_frame[i]].staging;
+    copied = copied && !PS_CU(ps_driver.cuMemcpyAsync(to + mine.offset, chunk_va(d, i) + mine.offset, mine.len,
+                                                       st->stream));
+    gathered = psc_allgather_inplace(to, d->chunk_size, st->stream);
+  }
+  gathered = gathered && psc_stream_wait(st->stream);
+  ps_own_calls(false);
+  if (!copied || !gathered) {
+    st->comm_failed = !gathered;
+    give_gather_frames(d);
+    return;
+  }
+  for (uint64_t i = 0; i < d->nchunks; i++)
+    if (st->gather_frame[i] != PSA_NO_FRAME) {
+      onto_frame(d, i, st->gather_frame[i]);
+      st->gather_frame[i] = PSA_NO_FRAME;
+      st->paged_in[i] = true;
+      d->stats.shared_gathers++;
+      d->stats.gathered_bytes += d->chunk_size;
+    }
+  d->stats.gather_ns += psa_now_ns() - start;
+}
+
 /* The first ready device: a rank drives one GPU under torchrun, and every rank must pick
  * the same chunk space. */
 static struct device *first_device(void)
@@ -370,8 +496,13 @@ void psa_shard_boundary(void)
   psa_moves_poll(d);
   uint64_t offered = 0, equal = 0, shares = d->stats.shares;
   for (uint64_t i = 0; i < d->nchunks; i++) {
-    st->sums[i] = synced && candidate(d, i, period) ? checksum(d, st, i) : 0;
-    offered += st->sums[i] != 0;
+    uint64_t sum = synced && candidate(d, i, period) ? checksum(d, st, i) : 0;
+    if (sum && st->seen_sum[i] && sum != st->seen_sum[i]) { /* written since the last round */
+      mark_rewritten(d, i);
+      sum = 0;
+    }
+    st->sums[i] = st->seen_sum[i] = sum;
+    offered += sum != 0;
   }
   if (!psc_agree_checksums(st->sums, d->nchunks, st->agree)) {
     stop_sharing();
@@ -387,6 +518,7 @@ void psa_shard_boundary(void)
     equal += st->agree[i];
   }
   leave_idle(d, period);
+  gather_used(d, period);
   d->stats.share_round_ns += psa_now_ns() - start;
   if (equal)
     round_gap = 1;
@@ -411,7 +543,7 @@ static void forget_pieces(struct device *d, uint64_t chunk)
 static void let_go(struct device *d, uint64_t chunk)
 {
   forget_pieces(d, chunk);
-  d->shard->rewritten[chunk] = (struct rewritten){d->chunks[chunk].span, d->chunks[chunk].span->last_alloc};
+  mark_rewritten(d, chunk);
   d->stats.unshares++;
 }
 
@@ -464,14 +596,7 @@ void psa_unshare(struct device *d, uint64_t chunk)
              "stopping, rather than let this rank's writes reach their data", (unsigned long long)chunk, d->ordinal);
     _exit(1);
   }
-  unmap_pieces(d, chunk, st->n);
-  if (psa_map(d, va, d->frames[f].handle)) {
-    ps_error("chunk %llu of device %d could not be remapped: its data is unreachable", (unsigned long long)chunk,
-             d->ordinal);
-    _exit(1);
-  }
-  d->chunks[chunk].frame = f;
-  psa_span_relist(d, d->chunks[chunk].span);
+  onto_frame(d, chunk, f);
   if (keep) {
     st->paged_in[chunk] = true;
     d->stats.shared_pageins++;

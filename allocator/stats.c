@@ -54,7 +54,8 @@ void psa_stats_write(FILE *f, bool json)
             "\"plan_ns\": %llu, \"move_ns\": %llu, \"remap_ns\": %llu, \"scan_ns\": %llu, \"poll_ns\": %llu, "
             "\"frame_wait_ns\": %llu, \"frame_make_ns\": %llu, \"runahead_wait_ns\": %llu, \"runahead_timeouts\": %llu, "
             "\"event_queries\": %llu, \"share_rounds\": %llu, \"share_round_ns\": %llu, \"shares\": %llu, "
-            "\"unshares\": %llu, \"shared_pageins\": %llu, \"shared_clean_leaves\": %llu, "
+            "\"unshares\": %llu, \"shared_pageins\": %llu, \"shared_clean_leaves\": %llu, \"shared_gathers\": %llu, "
+            "\"gathered_bytes\": %llu, \"gather_ns\": %llu, "
             "\"shared_chunks\": %llu, \"shared_host_bytes\": %llu, "
             "\"shard_saved_bytes\": %llu, \"peak_shard_saved_bytes\": %llu}\n",
             (unsigned long long)s.allocs, (unsigned long long)s.frees, (unsigned long long)s.failed_allocs,
@@ -78,7 +79,8 @@ void psa_stats_write(FILE *f, bool json)
             (unsigned long long)s.runahead_timeouts, (unsigned long long)s.event_queries,
             (unsigned long long)s.share_rounds, (unsigned long long)s.share_round_ns, (unsigned long long)s.shares,
             (unsigned long long)s.unshares, (unsigned long long)s.shared_pageins,
-            (unsigned long long)s.shared_clean_leaves, (unsigned long long)s.shared_chunks,
+            (unsigned long long)s.shared_clean_leaves, (unsigned long long)s.shared_gathers,
+            (unsigned long long)s.gathered_bytes, (unsigned long long)s.gather_ns, (unsigned long long)s.shared_chunks,
             (unsigned long long)s.shared_host_bytes, (unsigned long long)s.shard_saved_bytes,
             (unsigned long long)s.peak_shard_saved_bytes);
     return;
@@ -99,4 +101,8 @@ void psa_stats_write(FILE *f, bool json)
     fprintf(f, "psshim: sharing: %llu chunks shared with the node's ranks, %llu made private again; host frames "
             "saved: %.1f MiB now, %.1f MiB at most\n", (unsigned long long)s.shares, (unsigned long long)s.unshares,
             mib(s.shard_saved_bytes), mib(s.peak_shard_saved_bytes));
+  if (s.shared_gathers)
+    fprintf(f, "psshim: gathered page-in: %llu shared chunks, %.1f MiB onto GPU frames at %.2f GB/s\n",
+            (unsigned long long)s.shared_gathers, mib(s.gathered_bytes),
+            s.gather_ns ? (double)s.gathered_bytes / (double)s.gather_ns : 0.0);
 }

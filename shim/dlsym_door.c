@@ -142,7 +142,8 @@ static void *next_after(const void *caller, const char *name)
 
 PS_DEFAULT_VISIBILITY PS_SIBCALLS PS_NO_SANITIZE void *dlsym(void *handle, const char *name)
 {
-  const struct door *d = door_named(name);
+  /* psshim's own lookups (comm/ loading NCCL) get the real functions, not the doors. */
+  const struct door *d = ps_in_own_calls() ? NULL : door_named(name);
   if (!d)
     PS_TAIL return ps_glibc_dlsym()(handle, name);
   void *real = handle == RTLD_NEXT ? next_after(__builtin_return_address(0), name) : ps_real_dlsym(handle, name);

@@ -88,3 +88,10 @@ CUresult ps_cu_checked(CUresult r, const char *what, const char *file, int line)
            ps_cu_error_name(r), file, line);
   return r;
 }
+
+/* initial-exec: read in allocation doors, where a first TLS access must not allocate. */
+static __thread bool own_calls __attribute__((tls_model("initial-exec")));
+
+void ps_own_calls(bool on) { own_calls = on; }
+
+bool ps_in_own_calls(void) { return own_calls; }

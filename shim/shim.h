@@ -58,6 +58,7 @@ void ps_log_write(int level, const char *fmt, ...) __attribute__((format(printf,
   X(cuStreamCreate, CUresult, (CUstream *, unsigned int))                             \
   X(cuStreamDestroy_v2, CUresult, (CUstream))                                         \
   X(cuStreamSynchronize, CUresult, (CUstream))                                        \
+  X(cuStreamQuery, CUresult, (CUstream))                                              \
   X(cuStreamWaitEvent, CUresult, (CUstream, CUevent, unsigned int))                   \
   X(cuStreamIsCapturing, CUresult, (CUstream, CUstreamCaptureStatus *))                \
   X(cuEventCreate, CUresult, (CUevent *, unsigned int))                               \
@@ -81,6 +82,11 @@ extern struct ps_driver ps_driver;
 /* Loads libcuda.so.1 (PSSHIM_LIBCUDA overrides the path) and fills ps_driver once.
  * Returns false, after one log line naming what is missing, if it cannot. */
 bool ps_driver_load(void);
+/* Set while psshim itself calls a library that allocates through the doors (NCCL making
+ * psshim's communicator, which may hold the allocator's lock): on this thread the doors
+ * then serve nothing and pass every call to the driver. */
+void ps_own_calls(bool on);
+bool ps_in_own_calls(void);
 /* Code that may run before a sanitizer runtime has initialised (it calls dlsym from its
  * own start-up): no instrumentation, so a sanitized build of psshim can be preloaded. */
 #define PS_NO_SANITIZE __attribute__((no_sanitize("address", "undefined")))

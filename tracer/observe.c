@@ -482,6 +482,8 @@ static void CUPTIAPI on_api(void *user, CUpti_CallbackDomain domain, CUpti_Callb
 
 void pst_observe_moment(struct pst_launch *l, bool enter)
 {
+  if (ps_in_own_calls()) /* psshim's own NCCL work (a gather, under the allocator's lock) */
+    return;
   if (enter) {
     l->seq = atomic_fetch_add_explicit(&launch_seq, 1, memory_order_relaxed);
     if (pst_trace_enabled())

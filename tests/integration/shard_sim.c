@@ -8,8 +8,8 @@
  * REWRITE=1 also writes the same value into that buffer on every rank halfway, so it is
  * equal on every rank again and untouched for the next half.
  * READERS=n adds n replicated buffers that a kernel reads (never writes) every third step
- * of the first half, as frozen weights are read, then leaves alone; a quarter of the way
- * in, each rank writes its own value into the first of them.
+ * (READ_EVERY=k: every k-th) of the first half, as frozen weights are read, then leaves
+ * alone; a quarter of the way in, each rank writes its own value into the first of them.
  * DEVICE_PER_RANK=1 runs rank r on device r, as a torchrun job does (the driver needs
  * FAKECUDA_DEVICE_COUNT ranks).
  * Every buffer is read back and compared with a host mirror at the end.
@@ -90,6 +90,7 @@ int main(int argc, char **argv)
   int diverge = getenv("DIVERGE") && atoi(getenv("DIVERGE")) && rank == 1;
   int rewrite = getenv("REWRITE") && atoi(getenv("REWRITE"));
   int readers = getenv("READERS") ? atoi(getenv("READERS")) : 0;
+  int read_every = getenv("READ_EVERY") && atoi(getenv("READ_EVERY")) > 0 ? atoi(getenv("READ_EVERY")) : 3;
   rng = seed * 2654435761u + 1;
   if (getenv("DEVICE_PER_RANK") && atoi(getenv("DEVICE_PER_RANK")))
     check(cudaSetDevice(rank), "cudaSetDevice");
@@ -125,7 +126,7 @@ int main(int argc, char **argv)
     void *fp[] = {&act, &act_n, &st};
     launch(fill, fp, s);
     for (int b = 0; b < nbuf; b++) {
-      if (buf[b].kind == READ && step % 3 == b % 3 && step < steps / 2) {
+      if (buf[b].kind == READ && step % read_every == b % read_every && step < steps / 2) {
         void *rp[] = {&act, &buf[b].dev, &act_n, &buf[b].words};
         launch(reader, rp, s);
       }
