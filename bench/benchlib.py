@@ -6,6 +6,7 @@ machines (or in --dry-run) where torch is not needed.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
@@ -134,3 +135,15 @@ def compare_loss_hex(ref: Sequence[str], other: Sequence[str]) -> LossComparison
     n = min(len(ref), len(other))
     first = next((i for i in range(n) if ref[i] != other[i]), None)
     return LossComparison(compared=n, first_mismatch=first, same_length=len(ref) == len(other))
+
+
+def psshim_stats():
+    """psshim's statistics now (its psshim_stats_json), or None when it is not preloaded."""
+    try:
+        fn = ctypes.CDLL(None).psshim_stats_json
+    except AttributeError:
+        return None
+    fn.restype, fn.argtypes = ctypes.c_size_t, [ctypes.c_char_p, ctypes.c_size_t]
+    buf = ctypes.create_string_buffer(8192)
+    n = fn(buf, len(buf))
+    return json.loads(buf.value) if 0 < n < len(buf) else None

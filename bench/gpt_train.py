@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
-import json
 import os
 import shutil
 import sys
@@ -529,18 +527,6 @@ PSSHIM_STEP_FIELDS = ("plan_ns", "move_ns", "remap_ns", "scan_ns", "poll_ns", "f
                       "bytes_d2h", "touches_host", "share_rounds", "share_round_ns", "shares", "unshares")
 
 
-def psshim_stats():
-    """psshim's statistics now (its psshim_stats_json), or None when it is not preloaded."""
-    try:
-        fn = ctypes.CDLL(None).psshim_stats_json
-    except AttributeError:
-        return None
-    fn.restype, fn.argtypes = ctypes.c_size_t, [ctypes.c_char_p, ctypes.c_size_t]
-    buf = ctypes.create_string_buffer(8192)
-    n = fn(buf, len(buf))
-    return json.loads(buf.value) if 0 < n < len(buf) else None
-
-
 def psshim_step(before, after) -> dict | None:
     """What psshim did during one step: the growth of PSSHIM_STEP_FIELDS, with the period."""
     if not before or not after:
@@ -581,7 +567,7 @@ def train(a: argparse.Namespace, res: dict) -> dict:
     for step in range(a.steps):
         reset_peaks(device)
         synchronize(device)
-        before = psshim_stats()
+        before = benchlib.psshim_stats()
         t0 = time.perf_counter()
         loss = train_step(model, opt, inputs, targets, autocast)
         synchronize(device)
@@ -589,7 +575,7 @@ def train(a: argparse.Namespace, res: dict) -> dict:
         value = loss.float().item()
         rec = {"step": step, "loss_hex": float.hex(value), "loss": value, "time_s": dt,
                "tflops": res["flops_per_step"] / dt / 1e12, **memory_now(device),
-               "psshim": psshim_step(before, psshim_stats())}
+               "psshim": psshim_step(before, benchlib.psshim_stats())}
         res["steps"].append(rec)
         res["loss_hex"].append(rec["loss_hex"])
         res["loss"].append(value)
