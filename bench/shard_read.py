@@ -1,5 +1,7 @@
 """Sharded paging on one node: replicated tensors that every rank only reads, every step, as
-frozen weights are read, larger than the GPU budget. Run under torchrun with psshim
+frozen weights are read, larger than the GPU budget. They are read last-made first: the
+ones that did not fit on the GPU (made last) are needed first, so at an iteration boundary
+psshim gathers them onto GPU frames taken from the ones needed later (Belady). Run under torchrun with psshim
 preloaded in each rank (tests/gpu/shard_run.sh): chunks equal on every rank are kept once
 per node, in pieces, and gathered back onto GPU frames at iteration boundaries (own piece
 copied in, the rest all-gathered over NVLink). Run alone (no torchrun) it is the
@@ -35,7 +37,7 @@ def main() -> None:
     for _ in range(a.steps):
         start = time.perf_counter()
         acc = torch.zeros((), device="cuda", dtype=torch.float64)
-        for w in weights:
+        for w in reversed(weights):
             acc += w.sum(dtype=torch.float64)
         sums.append(acc.item())  # synchronizes
         times.append(time.perf_counter() - start)
