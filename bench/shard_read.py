@@ -1,8 +1,7 @@
 """Sharded paging on one node: replicated tensors that every rank only reads, every step, as
-frozen weights are read, larger than the GPU budget. A scratch tensor made before them and
-freed after (--scratch-mib) leaves GPU frames free that psshim does not fill by itself (a
-chunk read once a step is cheaper read in place than moved), so at an iteration boundary
-after the tensors became shared it gathers them onto those frames. Run under torchrun with psshim
+frozen weights are read, larger than the GPU budget. They are read last-made first: the
+ones that did not fit on the GPU (made last) are needed first, so at an iteration boundary
+psshim gathers them onto GPU frames taken from the ones needed later (Belady). Run under torchrun with psshim
 preloaded in each rank (tests/gpu/shard_run.sh): chunks equal on every rank are kept once
 per node, in pieces, and gathered back onto GPU frames at iteration boundaries (own piece
 copied in, the rest all-gathered over NVLink). Run alone (no torchrun) it is the
@@ -24,8 +23,6 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tensors", type=int, default=48, help="replicated tensors (default: 48)")
     p.add_argument("--mib", type=int, default=256, help="MiB per tensor (default: 256)")
-    p.add_argument("--scratch-mib", type=int, default=4096,
-                   help="MiB made before the tensors and freed after (default: 4096)")
     p.add_argument("--steps", type=int, default=40, help="steps (default: 40)")
     p.add_argument("--json", required=True, help="result file (rank R writes PATH with .rankR before .json)")
     a = p.parse_args()
@@ -33,16 +30,14 @@ def main() -> None:
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     numel = a.mib << 18  # float32
     # The same bytes on every rank, made on the GPU (fast) from the tensor's index alone.
-    scratch = torch.empty(a.scratch_mib << 20, device="cuda", dtype=torch.uint8)
     weights = [torch.arange(numel, device="cuda", dtype=torch.float32).mul_(1.0 / (i + 1))
                for i in range(a.tensors)]
-    del scratch
     torch.cuda.synchronize()
     times, sums = [], []
     for _ in range(a.steps):
         start = time.perf_counter()
         acc = torch.zeros((), device="cuda", dtype=torch.float64)
-        for w in weights:
+        for w in reversed(weights):
             acc += w.sum(dtype=torch.float64)
         sums.append(acc.item())  # synchronizes
         times.append(time.perf_counter() - start)

@@ -16,8 +16,7 @@ mkdir -p "$OUT"
 export LD_LIBRARY_PATH=$G${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 \
   TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PSSHIM_POLICY=auto \
   PSSHIM_GPU_BUDGET=${SHARD_BUDGET:-8G}
-args=(bench/shard_read.py --tensors "${SHARD_TENSORS:-48}" --mib "${SHARD_MIB:-256}" --steps "${SHARD_STEPS:-40}"
-  --scratch-mib "${SHARD_SCRATCH_MIB:-4096}")
+args=(bench/shard_read.py --tensors "${SHARD_TENSORS:-48}" --mib "${SHARD_MIB:-256}" --steps "${SHARD_STEPS:-40}")
 LD_PRELOAD=$G/libpsshim.so PSSHIM_STATS=$OUT/alone.psshim.json timeout "${SHARD_TIMEOUT:-200}" \
   python3 "${args[@]}" --json "$OUT/alone.json" >"$OUT/alone.log" 2>&1
 echo "alone: rc $?"
