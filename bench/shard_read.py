@@ -22,16 +22,18 @@ import benchlib
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tensors", type=int, default=48, help="replicated tensors (default: 48)")
-    p.add_argument("--mib", type=int, default=256, help="MiB per tensor (default: 256)")
+    p.add_argument("--mib", type=int, default=256, help="mean MiB per tensor (default: 256)")
     p.add_argument("--steps", type=int, default=40, help="steps (default: 40)")
     p.add_argument("--json", required=True, help="result file (rank R writes PATH with .rankR before .json)")
     a = p.parse_args()
     rank = int(os.environ.get("RANK", "0"))
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    numel = a.mib << 18  # float32
-    # The same bytes on every rank, made on the GPU (fast) from the tensor's index alone.
-    weights = [torch.arange(numel, device="cuda", dtype=torch.float32).mul_(1.0 / (i + 1))
-               for i in range(a.tensors)]
+    # Sizes from mib/4 to 7mib/4 (mean mib): tensors of one size would make the step's
+    # launches repeat every tensor, and psshim would take a fraction of the step for the
+    # iteration. The same bytes on every rank, made on the GPU from the tensor's index.
+    mib = [a.mib // 4 + (3 * a.mib // 2) * i // max(a.tensors - 1, 1) for i in range(a.tensors)]
+    weights = [torch.arange(m << 18, device="cuda", dtype=torch.float32).mul_(1.0 / (i + 1))
+               for i, m in enumerate(mib)]
     torch.cuda.synchronize()
     times, sums = [], []
     for _ in range(a.steps):
@@ -44,7 +46,7 @@ def main() -> None:
     tail = sorted(times[len(times) // 2:])
     out = {"rank": rank, "world_size": int(os.environ.get("WORLD_SIZE", "1")), "tensors": a.tensors, "mib": a.mib,
            "step_times_s": times, "median_last_half_s": tail[len(tail) // 2], "sums": sums,
-           "bytes_read_per_step": a.tensors * numel * 4, "psshim": benchlib.psshim_stats()}
+           "bytes_read_per_step": sum(mib) << 20, "psshim": benchlib.psshim_stats()}
     path = a.json if "RANK" not in os.environ else a.json.replace(".json", f".rank{rank}.json")
     with open(path, "w") as f:
         json.dump(out, f)
