@@ -338,16 +338,6 @@ static void onto_frame(struct device *d, uint64_t chunk, uint32_t f)
   psa_span_relist(d, d->chunks[chunk].span);
 }
 
-/* The frames taken for gathers go back. */
-static void give_gather_frames(struct device *d)
-{
-  for (uint64_t i = 0; i < d->nchunks; i++)
-    if (d->shard->gather_frame[i] != PSA_NO_FRAME) {
-      psa_frame_give(d, d->shard->gather_frame[i]);
-      d->shard->gather_frame[i] = PSA_NO_FRAME;
-    }
-}
-
 /* Collective, at a round (device synchronized): the shared chunks every rank used in the
  * last iteration are gathered onto GPU frames (see the top of this file). A failure leaves
  * every chunk on its pieces, mapped: nothing is lost; a failed communicator ends gathers. */
@@ -394,17 +384,15 @@ static void gather_used(struct device *d, uint64_t period)
          (unsigned long long)wanted, (unsigned long long)gathers);
   if (!gathers)
     return;
-  /* Every rank reaches this with the same chunks: the communicator is made by all at once. */
-  ps_own_calls(true); /* NCCL's own allocations are not psshim's to serve: this thread holds the lock */
-  if (!st->comm_ready && !(st->comm_ready = psc_comm_init(ps_driver.cuStreamQuery))) {
-    ps_own_calls(false);
-    st->comm_failed = true;
-    give_gather_frames(d);
-    return;
-  }
+  /* NCCL is waited for without the lock: its own threads call CUDA, and psshim's hooks on
+   * them take the lock. The frames taken stay this rank's meanwhile; a chunk touched
+   * meanwhile becomes this rank's own as usual, and its gathered copy is then dropped. */
+  pthread_mutex_unlock(&d->lock);
   uint64_t start = psa_now_ns();
+  ps_own_calls(true); /* NCCL's allocations on this thread are not psshim's to serve */
+  /* Every rank reaches this with the same chunks: the communicator is made by all at once. */
+  bool gathered = st->comm_ready || (st->comm_ready = psc_comm_init(ps_driver.cuStreamQuery)), copied = true;
   struct psc_shard mine = psc_shard_of(d->chunk_size, st->n, st->rank);
-  bool copied = true, gathered = true;
   /* A rank whose copy failed still takes part in every all-gather, or the others would wait
    * for it; it just keeps none of them. */
   for (uint64_t i = 0; i < d->nchunks && gathered; i++) {
@@ -417,19 +405,22 @@ static void gather_used(struct device *d, uint64_t period)
   }
   gathered = gathered && psc_stream_wait(st->stream);
   ps_own_calls(false);
-  if (!copied || !gathered) {
-    st->comm_failed = !gathered;
-    give_gather_frames(d);
-    return;
-  }
-  for (uint64_t i = 0; i < d->nchunks; i++)
-    if (st->gather_frame[i] != PSA_NO_FRAME) {
-      onto_frame(d, i, st->gather_frame[i]);
-      st->gather_frame[i] = PSA_NO_FRAME;
-      st->paged_in[i] = true;
-      d->stats.shared_gathers++;
-      d->stats.gathered_bytes += d->chunk_size;
+  pthread_mutex_lock(&d->lock);
+  st->comm_failed = !gathered;
+  for (uint64_t i = 0; i < d->nchunks; i++) {
+    uint32_t f = st->gather_frame[i];
+    if (f == PSA_NO_FRAME)
+      continue;
+    st->gather_frame[i] = PSA_NO_FRAME;
+    if (!copied || !gathered || d->chunks[i].frame != psa_shared_frame(d)) {
+      psa_frame_give(d, f);
+      continue;
     }
+    onto_frame(d, i, f);
+    st->paged_in[i] = true;
+    d->stats.shared_gathers++;
+    d->stats.gathered_bytes += d->chunk_size;
+  }
   d->stats.gather_ns += psa_now_ns() - start;
 }
 
@@ -449,7 +440,11 @@ static struct device *first_device(void)
  * some brings rounds back to every boundary. What decides is agreed (the same on every
  * rank), so the ranks skip the same boundaries: a round is collective. */
 #define MAX_ROUND_GAP 16
-static uint32_t round_gap = 1, boundaries_since_round; /* under the first device's lock */
+static uint32_t round_gap = 1, boundaries_since_round; /* under round_lock */
+/* One round at a time, held through the round, also while a gather waits for NCCL without
+ * the device's lock: a boundary another thread reaches meanwhile waits, as every rank's
+ * rounds must come in the same order. */
+static pthread_mutex_t round_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Paged-in shared chunks left alone for an iteration leave the GPU, as idle host chunks
  * are shared: unchanged, back onto the node's copy with no copy (a GPU frame freed); else
@@ -476,9 +471,11 @@ void psa_shard_boundary(void)
   uint64_t period = pst_session_period();
   if (!d || !period)
     return;
+  pthread_mutex_lock(&round_lock);
   pthread_mutex_lock(&d->lock);
   if (++boundaries_since_round < round_gap) {
     pthread_mutex_unlock(&d->lock);
+    pthread_mutex_unlock(&round_lock);
     return;
   }
   boundaries_since_round = 0;
@@ -488,6 +485,7 @@ void psa_shard_boundary(void)
   if (!st) {
     stop_sharing();
     pthread_mutex_unlock(&d->lock);
+    pthread_mutex_unlock(&round_lock);
     return;
   }
   /* Nothing enqueued may touch a chunk while it is checksummed and shared, and no new
@@ -507,6 +505,7 @@ void psa_shard_boundary(void)
   if (!psc_agree_checksums(st->sums, d->nchunks, st->agree)) {
     stop_sharing();
     pthread_mutex_unlock(&d->lock);
+    pthread_mutex_unlock(&round_lock);
     return;
   }
   /* Equal on every rank, and unchanged since the last boundary: every rank holds the same
@@ -528,6 +527,7 @@ void psa_shard_boundary(void)
          (unsigned long long)offered, (unsigned long long)equal, (unsigned long long)(d->stats.shares - shares),
          (unsigned long long)d->stats.shared_chunks);
   pthread_mutex_unlock(&d->lock);
+  pthread_mutex_unlock(&round_lock);
 }
 
 /* This rank no longer holds the chunk's pieces (the others may still map them). */

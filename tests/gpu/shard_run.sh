@@ -7,6 +7,7 @@
 # shared by the node's ranks, gathered onto GPU frames at iteration boundaries). Prints
 # each run's median step, whether every rank read the same sums as the run alone, host
 # frames, what sharing saved, and the gathered page-in's bytes and rate per rank.
+# SHARD_RUNS=shared skips the run alone.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 G=$PWD/.gpu
@@ -19,9 +20,11 @@ export LD_LIBRARY_PATH=$G${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONUNBUFFERED=
 # The run-ahead window must be shorter than the step (~200 launches here): a chunk used
 # within it counts as still queued, and no chunk could give its frame to a gather.
 args=(bench/shard_read.py --tensors "${SHARD_TENSORS:-48}" --mib "${SHARD_MIB:-256}" --steps "${SHARD_STEPS:-40}")
-LD_PRELOAD=$G/libpsshim.so PSSHIM_STATS=$OUT/alone.psshim.json timeout "${SHARD_TIMEOUT:-200}" \
-  python3 "${args[@]}" --json "$OUT/alone.json" >"$OUT/alone.log" 2>&1
-echo "alone: rc $?"
+if [[ " ${SHARD_RUNS:-alone shared} " == *" alone "* ]]; then
+  LD_PRELOAD=$G/libpsshim.so PSSHIM_STATS=$OUT/alone.psshim.json timeout "${SHARD_TIMEOUT:-200}" \
+    python3 "${args[@]}" --json "$OUT/alone.json" >"$OUT/alone.log" 2>&1
+  echo "alone: rc $?"
+fi
 RANK_ENV_LIB=$G/libpsshim.so RANK_ENV_STATS=$OUT/shared.psshim timeout "${SHARD_TIMEOUT:-200}" \
   torchrun --nproc_per_node="$N" --no-python tests/gpu/rank_env.sh python3 "${args[@]}" --json "$OUT/shared.json" \
   >"$OUT/shared.log" 2>&1
