@@ -45,7 +45,7 @@ for name, path in runs:
     s = r["psshim"] or {}
     g = lambda k: s.get(k, 0)
     rate = g("gathered_bytes") / g("gather_ns") if g("gather_ns") else 0
-    same = "same" if base is not None and r["sums"] == base else "DIFF"
+    same = "-" if base is None else "same" if r["sums"] == base else "DIFF"
     print(f"{name:8s} {r['median_last_half_s']:8.3f} {same:>5s} {g('peak_host_bytes') / 2**30:8.2f} "
           f"{g('peak_shard_saved_bytes') / 2**30:9.2f} {g('shares'):6d} {g('shared_gathers'):7d} "
           f"{g('gathered_bytes') / 2**30:12.2f} {rate:11.1f} {g('share_round_ns') / 1e9:8.2f} {g('bytes_h2d') / 2**30:7.2f}")
