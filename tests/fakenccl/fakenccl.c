@@ -8,7 +8,11 @@
  * return ncclRemoteError; nothing hangs.
  *
  * Fault injection: FAKENCCL_KILL_IN_OP=N makes this process SIGKILL itself in the middle of
- * its Nth collective (after everyone contributed, before anyone finished). */
+ * its Nth collective (after everyone contributed, before anyone finished).
+ *
+ * As real NCCL sets up a communicator's device memory from threads of its own, init makes
+ * and frees one device allocation on a thread of its own, on the caller's context, through
+ * the process's cuMemAlloc_v2 (a preloaded allocator's door, if there is one). */
 #include <cuda.h>
 #include <dlfcn.h>
 #include <errno.h>
@@ -104,6 +108,35 @@ static bool wait_ready(struct fake_seg *seg, int n, double timeout_s) {
   return true;
 }
 
+struct setup {
+  CUcontext ctx;
+  CUresult r;
+};
+
+static void *setup_main(void *arg) {
+  struct setup *s = arg;
+  CUresult (*set)(CUcontext) = (CUresult(*)(CUcontext))dlsym(RTLD_DEFAULT, "cuCtxSetCurrent");
+  CUresult (*alloc)(CUdeviceptr *, size_t) = (CUresult(*)(CUdeviceptr *, size_t))dlsym(RTLD_DEFAULT, "cuMemAlloc_v2");
+  CUresult (*release_mem)(CUdeviceptr) = (CUresult(*)(CUdeviceptr))dlsym(RTLD_DEFAULT, "cuMemFree_v2");
+  CUdeviceptr p = 0;
+  s->r = !set || !alloc || !release_mem ? CUDA_ERROR_NOT_FOUND : set(s->ctx);
+  if (s->r == CUDA_SUCCESS) s->r = alloc(&p, 1u << 20);
+  if (s->r == CUDA_SUCCESS) s->r = release_mem(p);
+  return NULL;
+}
+
+/* The device-memory setup on a thread of its own; true when no context is current (the
+ * comm unit tests run without a driver). */
+static bool device_setup(void) {
+  CUresult (*get)(CUcontext *) = (CUresult(*)(CUcontext *))dlsym(RTLD_DEFAULT, "cuCtxGetCurrent");
+  struct setup s = {0};
+  if (!get || get(&s.ctx) != CUDA_SUCCESS || !s.ctx) return true;
+  pthread_t t;
+  if (pthread_create(&t, NULL, setup_main, &s) != 0) return false;
+  pthread_join(t, NULL);
+  return s.r == CUDA_SUCCESS;
+}
+
 FAKE_API ncclResult_t ncclCommInitRankConfig(ncclComm_t *out, int n, ncclUniqueId id, int rank,
                                              ncclConfig_t *config) {
   (void)config; /* blocking or not, the fake finishes every call before returning */
@@ -142,6 +175,11 @@ FAKE_API ncclResult_t ncclCommInitRankConfig(ncclComm_t *out, int n, ncclUniqueI
     return r;
   }
   if (rank == 0) shm_unlink(f.name); /* everyone has it mapped now */
+  if (!device_setup()) {
+    munmap(p, len);
+    free(c);
+    return ncclUnhandledCudaError;
+  }
   *out = c;
   return ncclSuccess;
 }
