@@ -389,7 +389,7 @@ static void gather_used(struct device *d, uint64_t period)
    * meanwhile becomes this rank's own as usual, and its gathered copy is then dropped. */
   pthread_mutex_unlock(&d->lock);
   uint64_t start = psa_now_ns();
-  ps_own_calls(true); /* NCCL's allocations on this thread are not psshim's to serve */
+  ps_own_calls(true); /* NCCL's allocations are not psshim's to serve */
   /* Every rank reaches this with the same chunks: the communicator is made by all at once. */
   bool gathered = st->comm_ready || (st->comm_ready = psc_comm_init(ps_driver.cuStreamQuery)), copied = true;
   struct psc_shard mine = psc_shard_of(d->chunk_size, st->n, st->rank);

@@ -7,6 +7,7 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 struct ps_driver ps_driver;
@@ -89,9 +90,16 @@ CUresult ps_cu_checked(CUresult r, const char *what, const char *file, int line)
   return r;
 }
 
-/* initial-exec: read in allocation doors, where a first TLS access must not allocate. */
+/* initial-exec: read in hooks, where a first TLS access must not allocate. */
 static __thread bool own_calls __attribute__((tls_model("initial-exec")));
+static _Atomic int own_calls_anywhere;
 
-void ps_own_calls(bool on) { own_calls = on; }
+void ps_own_calls(bool on)
+{
+  own_calls = on;
+  atomic_fetch_add(&own_calls_anywhere, on ? 1 : -1);
+}
 
 bool ps_in_own_calls(void) { return own_calls; }
+
+bool ps_own_calls_anywhere(void) { return atomic_load_explicit(&own_calls_anywhere, memory_order_relaxed) > 0; }

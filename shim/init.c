@@ -13,7 +13,7 @@ static bool options_ok;
 
 bool ps_active(void)
 {
-  return options_ok && !ps_options.disabled && !ps_in_own_calls() && !psa_in_forked_child() && ps_driver_load();
+  return options_ok && !ps_options.disabled && !ps_own_calls_anywhere() && !psa_in_forked_child() && ps_driver_load();
 }
 
 /* With torch's default caching allocator psshim would see ~60 large segments; with

@@ -82,11 +82,13 @@ extern struct ps_driver ps_driver;
 /* Loads libcuda.so.1 (PSSHIM_LIBCUDA overrides the path) and fills ps_driver once.
  * Returns false, after one log line naming what is missing, if it cannot. */
 bool ps_driver_load(void);
-/* Set while psshim itself calls a library that allocates through the doors (NCCL making
- * psshim's communicator, which may hold the allocator's lock): on this thread the doors
- * then serve nothing and pass every call to the driver. */
+/* Set while psshim itself calls NCCL (its communicator's set-up and gathers). Meanwhile
+ * no allocation is served, on any thread: NCCL allocates from threads of its own too, and
+ * its buffers, used by kernels psshim does not observe, must never be paged. On this
+ * thread, moments are not observed and dlsym finds the real functions, not the doors. */
 void ps_own_calls(bool on);
-bool ps_in_own_calls(void);
+bool ps_in_own_calls(void);       /* on this thread */
+bool ps_own_calls_anywhere(void); /* on any thread */
 /* Code that may run before a sanitizer runtime has initialised (it calls dlsym from its
  * own start-up): no instrumentation, so a sanitized build of psshim can be preloaded. */
 #define PS_NO_SANITIZE __attribute__((no_sanitize("address", "undefined")))
