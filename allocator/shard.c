@@ -9,10 +9,10 @@
  * their candidate chunks (host frames of spans no younger than an iteration) and compare; a
  * chunk equal on every rank, and unchanged, at two rounds in a row becomes shared. One a
  * rank sees change between two rounds (written every step: parameters, optimizer state)
- * is not checksummed again while its span holds the same allocations. The ranks evaluate every chunk id in the same round and learn the
- * same answer, so they share the same chunks in the same order; what is rank-local
- * (placement, pressure, a launch in flight) only makes a chunk a non-candidate, which
- * every rank then sees as "not equal".
+ * is not checksummed again while its span holds the same allocations. The ranks evaluate
+ * every chunk id in the same round and learn the same answer, so they share the same
+ * chunks in the same order; what is rank-local (placement, pressure, a launch in flight)
+ * only makes a chunk a non-candidate, which every rank then sees as "not equal".
  *
  * Writes: a shared chunk is never written in place. Every observed launch, copy or memset
  * that touches one first makes it this rank's own (psa_unshare: a copy into a frame of its
@@ -21,9 +21,11 @@
  * ranks keep their mappings of the pieces, which stay alive while any rank maps them.
  *
  * Page-in, gathered: at a round, the shared chunks every rank used in the last iteration
- * come onto GPU frames, as many as every rank has room for beyond the margin: each rank
- * copies its own piece in and the ranks all-gather the rest over psshim's NCCL
- * communicator, N x the bandwidth of one rank copying the whole chunk. A gather is
+ * come onto GPU frames (free beyond the margin, or those of chunks needed later), as many
+ * as every rank has one for: each rank copies its own piece in and the ranks all-gather
+ * the rest over psshim's NCCL communicator, N x the bandwidth of one rank copying the
+ * whole chunk. NCCL runs without the device's lock; a chunk being gathered is not
+ * remapped meanwhile (a touch or a free waits for the gather). A gather is
  * collective, so what is gathered is agreed over the star (every rank says what it wants
  * and what it took a frame for; the gather is what all said), never decided from one rank's
  * memory alone. Page-in, rank-local: a shared chunk touched between rounds goes onto a GPU
@@ -68,6 +70,8 @@ struct psa_shard {
   uint64_t *seen_sum;                   /* per chunk: this rank's checksum of it at the last round */
   uint32_t *gather_frame;               /* per chunk: the GPU frame taken for its gather */
   bool comm_ready, comm_failed;         /* psshim's NCCL communicator, made at the first gather */
+  bool gathering;                       /* NCCL is filling the gather frames (lock dropped) */
+  pthread_cond_t gathered;              /* ... and has finished */
   CUmemGenericAllocationHandle *pieces; /* n per chunk while it is shared */
 };
 
@@ -123,6 +127,7 @@ static struct psa_shard *state(struct device *d)
       !st->seen_sum || !st->gather_frame || !st->pieces)
     goto fail;
   memset(st->gather_frame, 0xff, d->nchunks * sizeof *st->gather_frame); /* PSA_NO_FRAME */
+  pthread_cond_init(&st->gathered, NULL);
   if (PS_CU(ps_driver.cuStreamCreate(&st->stream, CU_STREAM_NON_BLOCKING)))
     goto fail;
   /* Checksums are computed on the CPU from a pinned copy: host frames are not readable by
@@ -359,7 +364,7 @@ static void gather_used(struct device *d, uint64_t period)
     if (st->agree[i]) {
       st->gather_frame[i] = psa_frame_for(d, period, psp_predict_next(d->chunks[i].uses, PSA_USES, d->clock, period));
       if (st->gather_frame[i] == PSA_NO_FRAME)
-        break; /* the rest would be needed no sooner */
+        break; /* no frame: the others are not tried (each try scans every chunk) */
     }
   /* Taking a frame may drop the lock: a chunk touched meanwhile is this rank's own now. */
   for (uint64_t i = 0; i < d->nchunks; i++) {
@@ -387,6 +392,7 @@ static void gather_used(struct device *d, uint64_t period)
   /* NCCL is waited for without the lock: its own threads call CUDA, and psshim's hooks on
    * them take the lock. The frames taken stay this rank's meanwhile; a chunk touched
    * meanwhile becomes this rank's own as usual, and its gathered copy is then dropped. */
+  st->gathering = true;
   pthread_mutex_unlock(&d->lock);
   uint64_t start = psa_now_ns();
   ps_own_calls(true); /* NCCL's allocations are not psshim's to serve */
@@ -406,13 +412,15 @@ static void gather_used(struct device *d, uint64_t period)
   gathered = gathered && psc_stream_wait(st->stream);
   ps_own_calls(false);
   pthread_mutex_lock(&d->lock);
+  st->gathering = false;
+  pthread_cond_broadcast(&st->gathered);
   st->comm_failed = !gathered;
   for (uint64_t i = 0; i < d->nchunks; i++) {
     uint32_t f = st->gather_frame[i];
     if (f == PSA_NO_FRAME)
       continue;
     st->gather_frame[i] = PSA_NO_FRAME;
-    if (!copied || !gathered || d->chunks[i].frame != psa_shared_frame(d)) {
+    if (!copied || !gathered) {
       psa_frame_give(d, f);
       continue;
     }
@@ -530,6 +538,13 @@ void psa_shard_boundary(void)
   pthread_mutex_unlock(&round_lock);
 }
 
+/* A chunk whose gather reads it now is not remapped until the gather is over. */
+static void wait_gather(struct device *d, uint64_t chunk)
+{
+  while (d->shard->gathering && d->shard->gather_frame[chunk] != PSA_NO_FRAME)
+    pthread_cond_wait(&d->shard->gathered, &d->lock);
+}
+
 /* This rank no longer holds the chunk's pieces (the others may still map them). */
 static void forget_pieces(struct device *d, uint64_t chunk)
 {
@@ -549,6 +564,7 @@ static void let_go(struct device *d, uint64_t chunk)
 
 void psa_shard_drop(struct device *d, uint64_t chunk)
 {
+  wait_gather(d, chunk);
   if (d->chunks[chunk].frame == psa_shared_frame(d))
     unmap_pieces(d, chunk, d->shard->n);
   forget_pieces(d, chunk);
@@ -580,6 +596,9 @@ static uint32_t private_frame(struct device *d)
 void psa_unshare(struct device *d, uint64_t chunk)
 {
   struct psa_shard *st = d->shard;
+  wait_gather(d, chunk);
+  if (d->chunks[chunk].frame != psa_shared_frame(d)) /* gathered meanwhile */
+    return;
   uint32_t f = atomic_load(&stopped) ? PSA_NO_FRAME : psa_frame_take(d, PSA_GPU);
   bool keep = f != PSA_NO_FRAME;
   if (!keep)
