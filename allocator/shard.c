@@ -450,9 +450,9 @@ static struct device *first_device(void)
 #define MAX_ROUND_GAP 16
 static uint32_t round_gap = 1, boundaries_since_round; /* under round_lock */
 /* One round at a time, held through the round, also while a gather waits for NCCL without
- * the device's lock: a boundary another thread reaches meanwhile waits, as every rank's
- * rounds must come in the same order. */
+ * the device's lock. */
 static pthread_mutex_t round_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic uint32_t pending_boundaries; /* met, not yet taken under round_lock */
 
 /* Paged-in shared chunks left alone for an iteration leave the GPU, as idle host chunks
  * are shared: unchanged, back onto the node's copy with no copy (a GPU frame freed); else
@@ -470,38 +470,25 @@ static void leave_idle(struct device *d, uint64_t period)
   }
 }
 
-void psa_shard_boundary(void)
+/* One boundary, under round_lock: a round when round_gap boundaries have passed. */
+static void one_boundary(struct device *d, uint64_t period)
 {
-  if (psc_nranks() < 2 || !atomic_load(&psa_allocs_agree) || ps_options.policy != PS_POLICY_AUTO ||
-      atomic_load(&stopped))
-    return;
-  struct device *d = first_device();
-  uint64_t period = pst_session_period();
-  if (!d || !period)
-    return;
-  pthread_mutex_lock(&round_lock);
   pthread_mutex_lock(&d->lock);
   if (++boundaries_since_round < round_gap) {
     pthread_mutex_unlock(&d->lock);
-    pthread_mutex_unlock(&round_lock);
     return;
   }
   boundaries_since_round = 0;
   d->stats.share_rounds++;
   uint64_t start = psa_now_ns();
   struct psa_shard *st = state(d);
-  if (!st) {
-    stop_sharing();
-    pthread_mutex_unlock(&d->lock);
-    pthread_mutex_unlock(&round_lock);
-    return;
-  }
   /* Nothing enqueued may touch a chunk while it is checksummed and shared, and no new
    * launch can bracket one while this thread holds the lock. */
-  bool synced = !PS_CU(ps_driver.cuCtxSynchronize());
-  psa_moves_poll(d);
+  bool synced = st && !PS_CU(ps_driver.cuCtxSynchronize());
+  if (st)
+    psa_moves_poll(d);
   uint64_t offered = 0, equal = 0, shares = d->stats.shares;
-  for (uint64_t i = 0; i < d->nchunks; i++) {
+  for (uint64_t i = 0; st && i < d->nchunks; i++) {
     uint64_t sum = synced && candidate(d, i, period) ? checksum(d, st, i) : 0;
     if (sum && st->seen_sum[i] && sum != st->seen_sum[i]) { /* written since the last round */
       mark_rewritten(d, i);
@@ -510,10 +497,9 @@ void psa_shard_boundary(void)
     st->sums[i] = st->seen_sum[i] = sum;
     offered += sum != 0;
   }
-  if (!psc_agree_checksums(st->sums, d->nchunks, st->agree)) {
+  if (!st || !psc_agree_checksums(st->sums, d->nchunks, st->agree)) {
     stop_sharing();
     pthread_mutex_unlock(&d->lock);
-    pthread_mutex_unlock(&round_lock);
     return;
   }
   /* Equal on every rank, and unchanged since the last boundary: every rank holds the same
@@ -535,7 +521,28 @@ void psa_shard_boundary(void)
          (unsigned long long)offered, (unsigned long long)equal, (unsigned long long)(d->stats.shares - shares),
          (unsigned long long)d->stats.shared_chunks);
   pthread_mutex_unlock(&d->lock);
-  pthread_mutex_unlock(&round_lock);
+}
+
+void psa_shard_boundary(void)
+{
+  if (psc_nranks() < 2 || !atomic_load(&psa_allocs_agree) || ps_options.policy != PS_POLICY_AUTO ||
+      atomic_load(&stopped))
+    return;
+  struct device *d = first_device();
+  uint64_t period = pst_session_period();
+  if (!d || !period)
+    return;
+  /* A boundary met while another thread holds a round (NCCL's own threads among them, while
+   * a gather waits for them) is counted, not waited for: the holder takes it after its
+   * own, so every rank still counts every boundary, in order. */
+  atomic_fetch_add(&pending_boundaries, 1);
+  while (atomic_load(&pending_boundaries) && !pthread_mutex_trylock(&round_lock)) {
+    while (atomic_load(&pending_boundaries)) {
+      atomic_fetch_sub(&pending_boundaries, 1);
+      one_boundary(d, period);
+    }
+    pthread_mutex_unlock(&round_lock);
+  }
 }
 
 /* A chunk whose gather reads it now is not remapped until the gather is over. */
