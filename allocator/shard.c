@@ -24,12 +24,12 @@
  * come onto GPU frames (free beyond the margin, or those of chunks needed later), as many
  * as every rank has one for: each rank copies its own piece in and the ranks all-gather
  * the rest over psshim's NCCL communicator, N x the bandwidth of one rank copying the
- * whole chunk. NCCL runs without the device's lock; a chunk being gathered is not
- * remapped meanwhile (a touch or a free waits for the gather). A gather is
- * collective, so what is gathered is agreed over the star (every rank says what it wants
- * and what it took a frame for; the gather is what all said), never decided from one rank's
- * memory alone. Page-in, rank-local: a shared chunk touched between rounds goes onto a GPU
- * frame when one can be had. Either way this rank keeps its pieces, and when the chunk
+ * whole chunk. A gather is collective, so what is gathered is agreed over the star (every
+ * rank says what it wants and what it took a frame for; the gather is what all said), never
+ * decided from one rank's memory alone. NCCL runs without the device's lock; a chunk being
+ * gathered is not remapped meanwhile (a touch or a free waits for the gather). Page-in,
+ * rank-local: a shared chunk touched between rounds goes onto a GPU frame when one can be
+ * had. Either way this rank keeps its pieces, and when the chunk
  * leaves the GPU (the pager's eviction, or idle for an iteration at a round) with the bytes
  * it was shared with, it is mapped back onto the pieces, with no copy and no host frame:
  * read-only data (frozen weights) stays at 1/N of the host memory. Otherwise the pieces
