@@ -548,6 +548,8 @@ void psa_shard_boundary(void)
 /* A chunk whose gather reads it now is not remapped until the gather is over. */
 static void wait_gather(struct device *d, uint64_t chunk)
 {
+  if (d->shard->gathering && d->shard->gather_frame[chunk] != PSA_NO_FRAME)
+    ps_log(PS_LOG_DEBUG, "chunk %llu waits for its gather", (unsigned long long)chunk);
   while (d->shard->gathering && d->shard->gather_frame[chunk] != PSA_NO_FRAME)
     pthread_cond_wait(&d->shard->gathered, &d->lock);
 }
