@@ -302,10 +302,10 @@ PY
   # (a rank that gathered alone would wait out the timeout), and every byte must equal the
   # run without sharding. Whether a rank has GPU room depends on event timing: at least one
   # seed must gather. The stand-in's init allocates device memory from a thread of its
-  # own, as NCCL does: a gather that held psshim's lock while NCCL works hangs here (on the
-  # H200 x2 the communicator's init never finished). Then rank 1 is killed in its first
-  # all-gather: rank 0 must name the failure and finish alone with the same bytes (its
-  # chunks stayed on their pieces).
+  # own, as NCCL does: if psshim served that allocation while its gather held the device
+  # lock, this would hang (on the H200 x2 the communicator's init never finished). Then
+  # rank 1 is killed in its first all-gather: rank 0 must name the failure and finish
+  # alone with the same bytes (its chunks stayed on their pieces).
   gather=("${shard[@]}" PSSHIM_GPU_BUDGET=40M READERS=3 READ_EVERY=1)
   for seed in 1 2; do
     for r in 0 1; do
