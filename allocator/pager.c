@@ -445,7 +445,7 @@ static uint64_t coming_margin(const struct device *d, uint64_t now, uint64_t per
 uint32_t psa_frame_for(struct device *d, uint64_t period, uint64_t need)
 {
   uint64_t margin = coming_margin(d, d->clock, period);
-  if (d->gpu_frames_held < d->gpu_frame_limit && d->gpu_frame_limit - d->gpu_frames_held > margin)
+  if (d->gpu_frames_held + margin < d->gpu_frame_limit)
     return psa_frame_take(d, PSA_GPU);
   psp_cand *victims = d->cands + d->nchunks;
   size_t nv = candidates(d, PSA_GPU, d->clock, period, victims);

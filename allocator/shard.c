@@ -27,13 +27,14 @@
  * whole chunk. A gather is collective, so what is gathered is agreed over the star (every
  * rank says what it wants and what it took a frame for; the gather is what all said), never
  * decided from one rank's memory alone. NCCL runs without the device's lock; a chunk being
- * gathered is not remapped meanwhile (a touch or a free waits for the gather). Page-in,
- * rank-local: a shared chunk touched between rounds goes onto a GPU frame when one can be
- * had. Either way this rank keeps its pieces, and when the chunk
- * leaves the GPU (the pager's eviction, or idle for an iteration at a round) with the bytes
- * it was shared with, it is mapped back onto the pieces, with no copy and no host frame:
- * read-only data (frozen weights) stays at 1/N of the host memory. Otherwise the pieces
- * are let go and it is this rank's own.
+ * gathered is not remapped meanwhile (a touch or a free waits for the gather).
+ *
+ * Page-in, rank-local: a shared chunk touched between rounds goes onto a GPU frame when one
+ * can be had. Either way this rank keeps its pieces, and when the chunk leaves the GPU (the
+ * pager's eviction, or idle for an iteration at a round) with the bytes it was shared with,
+ * it is mapped back onto the pieces, with no copy and no host frame: read-only data (frozen
+ * weights) stays at 1/N of the host memory. Otherwise the pieces are let go and it is this
+ * rank's own.
  *
  * Not built: the collective write-back that data a step writes (parameters, optimizer
  * state) would need; checksums on the GPU. Only the first device of a rank shares. */
@@ -48,8 +49,8 @@
  * tell a read from a write): a training step touches every parameter and optimizer chunk,
  * so each would be shared at every round it sat idle and made private at the next step (on
  * the H200 x2, 1064 shares and 1064 unshares in 20 DDP steps, each unshare a copy and a
- * remap). Until page-in gathers shared chunks, such a chunk is not offered again while its
- * span holds the same allocations. */
+ * remap). Such a chunk, or one seen to change between two rounds, is not offered again
+ * while its span holds the same allocations. */
 struct rewritten {
   const struct span *span;
   uint64_t last_alloc;
@@ -151,10 +152,13 @@ fail:
   return NULL;
 }
 
-/* Untouched for an iteration, with nothing in flight on it. */
+/* Nothing in flight on it: no launch between its enter and exit, no move's copy. */
+static bool quiet(const struct chunk *c) { return !c->in_flight && !c->copy; }
+
+/* Untouched for an iteration, and quiet. */
 static bool idle(const struct device *d, const struct chunk *c, uint64_t period)
 {
-  return d->clock - c->last_use >= period && !c->in_flight && !c->copy;
+  return d->clock - c->last_use >= period && quiet(c);
 }
 
 /* A chunk this rank may offer: in a host frame of its own, in a span allocated into no
@@ -168,7 +172,7 @@ static bool candidate(struct device *d, uint64_t chunk, uint64_t period)
   const struct rewritten *w = &d->shard->rewritten[chunk];
   return c->frame != PSA_NO_FRAME && c->frame != psa_shared_frame(d) && d->frames[c->frame].where == PSA_HOST &&
          c->span && !c->span->building && c->span->live_allocs && d->clock - c->span->last_alloc >= period &&
-         !c->in_flight && !c->copy && !(w->span == c->span && w->last_alloc == c->span->last_alloc);
+         quiet(c) && !(w->span == c->span && w->last_alloc == c->span->last_alloc);
 }
 
 /* Not offered again while its span holds the same allocations. */
@@ -482,13 +486,17 @@ static void one_boundary(struct device *d, uint64_t period)
   d->stats.share_rounds++;
   uint64_t start = psa_now_ns();
   struct psa_shard *st = state(d);
+  if (!st) {
+    stop_sharing();
+    pthread_mutex_unlock(&d->lock);
+    return;
+  }
   /* Nothing enqueued may touch a chunk while it is checksummed and shared, and no new
    * launch can bracket one while this thread holds the lock. */
-  bool synced = st && !PS_CU(ps_driver.cuCtxSynchronize());
-  if (st)
-    psa_moves_poll(d);
+  bool synced = !PS_CU(ps_driver.cuCtxSynchronize());
+  psa_moves_poll(d);
   uint64_t offered = 0, equal = 0, shares = d->stats.shares;
-  for (uint64_t i = 0; st && i < d->nchunks; i++) {
+  for (uint64_t i = 0; i < d->nchunks; i++) {
     uint64_t sum = synced && candidate(d, i, period) ? checksum(d, st, i) : 0;
     if (sum && st->seen_sum[i] && sum != st->seen_sum[i]) { /* written since the last round */
       mark_rewritten(d, i);
@@ -497,7 +505,7 @@ static void one_boundary(struct device *d, uint64_t period)
     st->sums[i] = st->seen_sum[i] = sum;
     offered += sum != 0;
   }
-  if (!st || !psc_agree_checksums(st->sums, d->nchunks, st->agree)) {
+  if (!psc_agree_checksums(st->sums, d->nchunks, st->agree)) {
     stop_sharing();
     pthread_mutex_unlock(&d->lock);
     return;

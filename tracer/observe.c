@@ -273,6 +273,8 @@ static const CUpti_CallbackId launches[] = {
  * on the same subscription. Written before the first is enabled, then only read. */
 static uint64_t own[(CUPTI_DRIVER_TRACE_CBID_SIZE + 63) / 64];
 
+static void own_add(CUpti_CallbackId cbid) { own[cbid / 64] |= 1ull << (cbid % 64); }
+
 static bool own_callback(CUpti_CallbackDomain domain, CUpti_CallbackId cbid)
 {
   return domain == CUPTI_CB_DOMAIN_DRIVER_API && cbid < CUPTI_DRIVER_TRACE_CBID_SIZE &&
@@ -482,7 +484,7 @@ static void CUPTIAPI on_api(void *user, CUpti_CallbackDomain domain, CUpti_Callb
 
 void pst_observe_moment(struct pst_launch *l, bool enter)
 {
-  if (ps_in_own_calls()) /* psshim's own NCCL work (a gather, under the allocator's lock) */
+  if (ps_in_own_calls()) /* psshim's own NCCL calls (a gather's) are not the program's */
     return;
   if (enter) {
     l->seq = atomic_fetch_add_explicit(&launch_seq, 1, memory_order_relaxed);
@@ -585,9 +587,9 @@ bool pst_observe_start(pst_launch_fn fn, void *user)
     return false;
   }
   for (size_t i = 0; i < sizeof launches / sizeof launches[0]; i++)
-    own[launches[i] / 64] |= 1ull << (launches[i] % 64);
+    own_add(launches[i]);
   for (size_t i = 0; i < sizeof transfers / sizeof transfers[0]; i++)
-    own[transfers[i].cbid / 64] |= 1ull << (transfers[i].cbid % 64);
+    own_add(transfers[i].cbid);
   /* A launch kind psshim cannot see would make paging unsafe: all or nothing. */
   r = enable_own();
   if (r != CUPTI_SUCCESS) {
