@@ -100,11 +100,12 @@ struct psa_stats {
    * the time the launching thread spent in them, chunks made shared and private again,
    * shared chunks paged in at a touch (pieces kept) and mapped back onto their pieces
    * unchanged, shared chunks gathered onto GPU frames at rounds (own piece copied in, the
-   * rest all-gathered), the bytes that gave the GPU frames and the time they took, shared
-   * now, this rank's pieces of them (host bytes), and the host bytes it does not hold
-   * thanks to them (now, and at most) */
+   * rest all-gathered), the bytes that gave the GPU frames and the time they took (the
+   * communicator's making apart), shared now, this rank's pieces of them (host bytes), and
+   * the host bytes it does not hold thanks to them (now, and at most) */
   uint64_t share_rounds, share_round_ns, shares, unshares, shared_pageins, shared_clean_leaves, shared_gathers,
-      gathered_bytes, gather_ns, shared_chunks, shared_host_bytes, shard_saved_bytes, peak_shard_saved_bytes;
+      gathered_bytes, gather_ns, comm_init_ns, shared_chunks, shared_host_bytes, shard_saved_bytes,
+      peak_shard_saved_bytes;
   uint64_t gpu_budget, host_budget, chunk_size;
 };
 /* Sums over devices. */

@@ -398,10 +398,14 @@ static void gather_used(struct device *d, uint64_t period)
    * meanwhile becomes this rank's own as usual, and its gathered copy is then dropped. */
   st->gathering = true;
   pthread_mutex_unlock(&d->lock);
-  uint64_t start = psa_now_ns();
   ps_own_calls(true); /* NCCL's allocations are not psshim's to serve */
-  /* Every rank reaches this with the same chunks: the communicator is made by all at once. */
+  /* Every rank reaches this with the same chunks: the communicator is made by all at once.
+   * Its making is timed apart: it happens once, and would hide the gathers' rate. */
+  uint64_t start = psa_now_ns();
   bool gathered = st->comm_ready || (st->comm_ready = psc_comm_init(ps_driver.cuStreamQuery)), copied = true;
+  uint64_t comm_made = psa_now_ns();
+  d->stats.comm_init_ns += comm_made - start;
+  start = comm_made;
   struct psc_shard mine = psc_shard_of(d->chunk_size, st->n, st->rank);
   /* A rank whose copy failed still takes part in every all-gather, or the others would wait
    * for it; it just keeps none of them. */

@@ -44,9 +44,19 @@ def main() -> None:
         sums.append(acc.item())  # synchronizes
         times.append(time.perf_counter() - start)
     tail = sorted(times[len(times) // 2:])
+    # The single-GPU page-in's copy, for the gathered page-in's rate to be set beside: one
+    # chunk's bytes (16 MiB) at a time from pinned host memory into a GPU tensor.
+    host, dev = torch.empty(4 << 20, pin_memory=True), torch.empty(4 << 20, device="cuda")
+    dev.copy_(host, non_blocking=True)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(64):
+        dev.copy_(host, non_blocking=True)
+    torch.cuda.synchronize()
+    h2d_gbps = 64 * (16 << 20) / (time.perf_counter() - start) / 1e9
     out = {"rank": rank, "world_size": int(os.environ.get("WORLD_SIZE", "1")), "tensors": a.tensors, "mib": a.mib,
            "step_times_s": times, "median_last_half_s": tail[len(tail) // 2], "sums": sums,
-           "bytes_read_per_step": sum(mib) << 20, "psshim": benchlib.psshim_stats()}
+           "bytes_read_per_step": sum(mib) << 20, "h2d_16mib_gbps": h2d_gbps, "psshim": benchlib.psshim_stats()}
     path = a.json if "RANK" not in os.environ else a.json.replace(".json", f".rank{rank}.json")
     with open(path, "w") as f:
         json.dump(out, f)

@@ -6,7 +6,9 @@
 # 8G): 1. alone on one GPU, no torchrun (single-GPU paging); 2. torchrun on N GPUs (chunks
 # shared by the node's ranks, gathered onto GPU frames at iteration boundaries). Prints
 # each run's median step, whether every rank read the same sums as the run alone, host
-# frames, what sharing saved, and the gathered page-in's bytes and rate per rank.
+# frames, what sharing saved, the gathered page-in's bytes and rate per rank (the
+# communicator's making apart), and the rate of the single-GPU page-in's copy (16 MiB from
+# pinned host memory, measured by each run).
 # SHARD_RUNS=shared skips the run alone.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -36,7 +38,8 @@ runs = [("alone", os.path.join(out, "alone.json"))] + [
     (f"rank {json.load(open(p))['rank']}", p) for p in sorted(glob.glob(os.path.join(out, "shared.rank*.json")))]
 base = json.load(open(runs[0][1]))["sums"] if os.path.exists(runs[0][1]) else None
 print(f"{'run':8s} {'median s':>8s} {'sums':>5s} {'host GiB':>8s} {'saved GiB':>9s} {'shares':>6s} {'gathers':>7s} "
-      f"{'gathered GiB':>12s} {'gather GB/s':>11s} {'rounds s':>8s} {'h2d GiB':>7s}")
+      f"{'gathered GiB':>12s} {'gather GB/s':>11s} {'comm init s':>11s} {'rounds s':>8s} {'h2d GiB':>7s} "
+      f"{'16MiB copy GB/s':>15s}")
 for name, path in runs:
     if not os.path.exists(path):
         print(f"{name:8s} no result")
@@ -48,5 +51,6 @@ for name, path in runs:
     same = "-" if base is None else "same" if r["sums"] == base else "DIFF"
     print(f"{name:8s} {r['median_last_half_s']:8.3f} {same:>5s} {g('peak_host_bytes') / 2**30:8.2f} "
           f"{g('peak_shard_saved_bytes') / 2**30:9.2f} {g('shares'):6d} {g('shared_gathers'):7d} "
-          f"{g('gathered_bytes') / 2**30:12.2f} {rate:11.1f} {g('share_round_ns') / 1e9:8.2f} {g('bytes_h2d') / 2**30:7.2f}")
+          f"{g('gathered_bytes') / 2**30:12.2f} {rate:11.1f} {g('comm_init_ns') / 1e9:11.2f} {g('share_round_ns') / 1e9:8.2f} "
+          f"{g('bytes_h2d') / 2**30:7.2f} {r.get('h2d_16mib_gbps', 0):15.1f}")
 PY
