@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call (after tests/gpu/pack.sh here; device run: bash tests/gpu/pager_study.sh,
 # carrying .gpu): bench/remap_stall.c (its argument: STUDY_REMAP, default cupti), then the
-# 2.68B GPT under psshim at the runs named in STUDY_RUNS, each POLICY:RATIO:RUNAHEAD[:VARIANT]
-# (VARIANT: .gpu/libpsshim-VARIANT.so, see pack.sh). Budget = STUDY_PEAK / RATIO; STUDY_PEAK
+# 2.68B GPT under psshim at the runs named in STUDY_RUNS, each
+# POLICY:RATIO:RUNAHEAD[:VARIANT[:RATE]] (VARIANT: .gpu/libpsshim-VARIANT.so, see pack.sh;
+# RATE: PSSHIM_INPLACE_RATE, e.g. 4G). Budget = STUDY_PEAK / RATIO; STUDY_PEAK
 # defaults to the native peak of bench/results run 14. Prints, per run, whether its losses
 # equal run 14's native ones bitwise, the median of the last 5 of 12 steps, the pager's
 # per-step costs from PSSHIM_STATS, every step's time, and each step's plan time, moves and
@@ -23,13 +24,14 @@ if [ -z "${STUDY_NO_REMAP:-}" ]; then
       >"$OUT/remap_stall_$RUN.txt" 2>&1
 fi
 for spec in ${STUDY_RUNS:-auto:1.25:256 auto:1.25:2048 auto:2:256 auto:2:2048 static:2:256}; do
-  IFS=: read -r policy ratio runahead variant <<<"$spec"
-  name=${policy}_${ratio}_${runahead}${variant:+_$variant}
+  IFS=: read -r policy ratio runahead variant rate <<<"$spec"
+  name=${policy}_${ratio}_${runahead}${variant:+_$variant}${rate:+_rate$rate}
   lib=$G/libpsshim${variant:+-$variant}.so
   budget=$(python3 -c "print(int($PEAK / $ratio))")
   start=$(date +%s)
   LD_PRELOAD=$lib PSSHIM_GPU_BUDGET=$budget PSSHIM_POLICY=$policy PSSHIM_RUNAHEAD=$runahead \
-    PSSHIM_STATS=$W/$name.psshim.json timeout "${STUDY_TIMEOUT:-150}" python3 bench/gpt_train.py --preset gpt2.7b \
+    PSSHIM_STATS=$W/$name.psshim.json timeout "${STUDY_TIMEOUT:-150}" \
+    env ${rate:+PSSHIM_INPLACE_RATE=$rate} python3 bench/gpt_train.py --preset gpt2.7b \
     --steps 12 --warmup 7 --deterministic --json "$W/$name.json" ${STUDY_TRAIN_ARGS:-} >"$W/$name.log" 2>&1
   echo "$name: rc $? in $(($(date +%s) - start)) s" >>"$OUT/study_$RUN.txt"
 done
