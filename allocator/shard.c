@@ -202,11 +202,17 @@ static uint64_t checksum(struct device *d, struct psa_shard *st, uint64_t chunk)
   for (at = lo; psa_live_next(d, chunk, &at, &end); at = end) {
     h = mix(h, at - lo);
     const unsigned char *p = st->scratch + (at - lo);
-    uint64_t n = end - at, i = 0, w;
-    for (; i + 8 <= n; i += 8) {
-      memcpy(&w, p + i, 8);
-      h = mix(h, w);
-    }
+    uint64_t n = end - at, i = 0, w, lane[4] = {1, 2, 3, 4};
+    /* Four independent lanes: one chain of multiplies hashed 2.8 GB/s, so a DDP rank's
+     * first round over 46 GiB of host frames took 17 s (run 31). Each step is a bijection
+     * of its lane: a difference in one word is never lost within the lane. */
+    for (; i + 32 <= n; i += 32)
+      for (int k = 0; k < 4; k++) {
+        memcpy(&w, p + i + 8 * k, 8);
+        lane[k] = (lane[k] ^ w) * 0x9E3779B97F4A7C15ull;
+      }
+    for (int k = 0; k < 4; k++)
+      h = mix(h, lane[k]);
     for (; i < n; i++)
       h = mix(h, p[i]);
   }

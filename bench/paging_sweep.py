@@ -165,7 +165,12 @@ def make_run(a, method: str, ratio: float | None, budget: int | None,
     budget_text = str(budget) if budget is not None else f"<peak/{ratio:g}>"
     if method.startswith("psshim"):
         run.stats_path = base + ".psshim.json"
+        # The library's folder is searched for what it links (tests/gpu/pack.sh puts
+        # libunwind beside it: the GPU machine may lack it).
+        libs = os.environ.get("LD_LIBRARY_PATH")
         run.env = {"LD_PRELOAD": a.psshim_lib or "<libpsshim.so>",
+                   "LD_LIBRARY_PATH": os.path.dirname(os.path.abspath(a.psshim_lib or ".")) +
+                                      (os.pathsep + libs if libs else ""),
                    "PSSHIM_GPU_BUDGET": budget_text,
                    "PSSHIM_POLICY": method.split("-", 1)[1],
                    "PSSHIM_STATS": run.stats_path}

@@ -51,7 +51,26 @@ struct ncclComm {
   double timeout_s;
   ncclResult_t error; /* sticky, as NCCL's asynchronous error */
   long ops, kill_in_op;
+  /* A non-blocking communicator's call returns ncclInProgress (a group's at its end) and
+   * reports it through ncclCommGetAsyncError for `settling` more polls, as NCCL may. */
+  bool nonblocking;
+  unsigned settling;
 };
+
+static _Thread_local int group_depth; /* open ncclGroupStart calls, per thread as NCCL keeps them */
+static _Thread_local ncclComm_t group_comm; /* the communicator the open group's calls went to */
+
+/* What a call that finished returns: in progress for a non-blocking communicator. */
+static ncclResult_t finished(ncclComm_t c) {
+  if (!c->nonblocking) return ncclSuccess;
+  if (group_depth) {
+    group_comm = c;
+    return ncclSuccess;
+  }
+  c->error = ncclInProgress;
+  c->settling = 2;
+  return ncclInProgress;
+}
 
 static double env_double(const char *name, double dflt) {
   const char *t = getenv(name);
@@ -139,7 +158,7 @@ static bool device_setup(void) {
 
 FAKE_API ncclResult_t ncclCommInitRankConfig(ncclComm_t *out, int n, ncclUniqueId id, int rank,
                                              ncclConfig_t *config) {
-  (void)config; /* blocking or not, the fake finishes every call before returning */
+  /* Blocking or not, the fake does every call's work before returning. */
   struct fake_id f;
   memcpy(&f, id.internal, sizeof f);
   if (memcmp(f.magic, FAKE_ID_MAGIC, sizeof f.magic) != 0 || n < 1 || n > PSG_MAX_MEMBERS ||
@@ -158,7 +177,8 @@ FAKE_API ncclResult_t ncclCommInitRankConfig(ncclComm_t *out, int n, ncclUniqueI
   struct ncclComm *c = calloc(1, sizeof *c);
   *c = (struct ncclComm){.seg = p, .map_len = len, .rank = rank, .n = n,
                          .timeout_s = env_double("FAKENCCL_TIMEOUT_S", 30),
-                         .kill_in_op = (long)env_double("FAKENCCL_KILL_IN_OP", 0)};
+                         .kill_in_op = (long)env_double("FAKENCCL_KILL_IN_OP", 0),
+                         .nonblocking = config && !config->blocking};
   int32_t holder;
   bool alive;
   struct psg_failure why;
@@ -189,6 +209,7 @@ FAKE_API ncclResult_t ncclCommInitRank(ncclComm_t *out, int n, ncclUniqueId id, 
 }
 
 FAKE_API ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *err) {
+  if (c->error == ncclInProgress && c->settling && --c->settling == 0) c->error = ncclSuccess;
   *err = c->error;
   return ncclSuccess;
 }
@@ -214,8 +235,16 @@ FAKE_API ncclResult_t ncclCommAbort(ncclComm_t c) {
 }
 
 /* Groups only batch launches; collectives here finish at call time, so nothing to do. */
-FAKE_API ncclResult_t ncclGroupStart(void) { return ncclSuccess; }
-FAKE_API ncclResult_t ncclGroupEnd(void) { return ncclSuccess; }
+FAKE_API ncclResult_t ncclGroupStart(void) {
+  if (!group_depth++) group_comm = NULL;
+  return ncclSuccess;
+}
+
+FAKE_API ncclResult_t ncclGroupEnd(void) {
+  if (group_depth <= 0) return ncclInvalidUsage;
+  if (--group_depth || !group_comm) return ncclSuccess;
+  return finished(group_comm);
+}
 
 static size_t type_size(ncclDataType_t t) {
   switch (t) {
@@ -326,7 +355,7 @@ static ncclResult_t run(ncclComm_t c, const struct op *op, cudaStream_t stream) 
     if ((r = step_barrier(c)) != ncclSuccess) return r;
     off += len;
   } while (off < op->per_rank);
-  return ncclSuccess;
+  return finished(c);
 }
 
 FAKE_API ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataType_t t,

@@ -133,10 +133,11 @@ static int reductions(int rank, void *arg) {
     f[i] = (float)(rank + 1) * 0.5f + (float)i;
     u[i] = (uint64_t)i << rank;
   }
-  if (psc_nccl.ncclAllReduce(f, fsum, N, ncclFloat32, ncclSum, comm, NULL) != ncclSuccess) return 12;
-  if (psc_nccl.ncclAllReduce(f, fmax, N, ncclFloat32, ncclMax, comm, NULL) != ncclSuccess) return 13;
-  if (psc_nccl.ncclAllReduce(f, f, N, ncclFloat32, ncclMin, comm, NULL) != ncclSuccess) return 14;
-  if (psc_nccl.ncclAllReduce(u, u, N, ncclUint64, ncclSum, comm, NULL) != ncclSuccess) return 15;
+  /* The communicator is non-blocking: each call is settled before the next. */
+  if (!psc_settle(psc_nccl.ncclAllReduce(f, fsum, N, ncclFloat32, ncclSum, comm, NULL), "sum")) return 12;
+  if (!psc_settle(psc_nccl.ncclAllReduce(f, fmax, N, ncclFloat32, ncclMax, comm, NULL), "max")) return 13;
+  if (!psc_settle(psc_nccl.ncclAllReduce(f, f, N, ncclFloat32, ncclMin, comm, NULL), "min")) return 14;
+  if (!psc_settle(psc_nccl.ncclAllReduce(u, u, N, ncclUint64, ncclSum, comm, NULL), "u64 sum")) return 15;
   for (int i = 0; i < N; i++) {
     if (fsum[i] != 5.0f + 4.0f * (float)i) return 16; /* (1+2+3+4)/2 + 4i */
     if (fmax[i] != 2.0f + (float)i || f[i] != 0.5f + (float)i) return 17;
