@@ -406,9 +406,10 @@ static void gather_used(struct device *d, uint64_t period)
   pthread_mutex_unlock(&d->lock);
   ps_own_calls(true); /* NCCL's allocations are not psshim's to serve */
   /* Every rank reaches this with the same chunks: the communicator is made by all at once.
-   * NCCL connects the ranks at a communicator's first collective, so one all-gather into
-   * the first frame (overwritten below) belongs to the making. The making is timed apart:
-   * it happens once, and would hide the gathers' rate (run 29: 7 chunks in 1.4 s). */
+   * NCCL connects the ranks at a communicator's first collective (NCCL_RUNTIME_CONNECT
+   * defaults to 1), so one all-gather into the first frame (overwritten below) belongs to
+   * the making. The making is timed apart: it happens once, and would hide the gathers'
+   * rate (run 29: 7 chunks in 1.4 s). */
   uint64_t start = psa_now_ns();
   bool gathered = st->comm_ready, copied = true;
   if (!gathered && (gathered = st->comm_ready = psc_comm_init(ps_driver.cuStreamQuery))) {
