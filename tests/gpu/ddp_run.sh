@@ -7,6 +7,8 @@
 #    model data, 16 bytes a parameter, is 43 GB, over 2x the budget); 3. FSDP2 with
 #    CPUOffloadPolicy on the same N GPUs and budget. Then rank 0's losses of 2 against 1,
 #    each rank's host frames and what sharing saved (PSSHIM_STATS), and the step times.
+# The device tool brings back at most 8 files, fewer than a run writes: give OUT outside
+# its $OUT and archive it there (OUT=/tmp/r bash ...; tar -czf $OUT/r.tgz -C /tmp r).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 G=$PWD/.gpu

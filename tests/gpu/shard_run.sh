@@ -10,6 +10,8 @@
 # communicator's making apart), and the rate of the single-GPU page-in's copy (16 MiB from
 # pinned host memory, measured by each run).
 # SHARD_RUNS=shared skips the run alone.
+# The device tool brings back at most 8 files, fewer than a run writes: give OUT outside
+# its $OUT and archive it there (OUT=/tmp/r bash ...; tar -czf $OUT/r.tgz -C /tmp r).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 G=$PWD/.gpu
