@@ -400,8 +400,9 @@ static void gather_used(struct device *d, uint64_t period)
   if (!gathers)
     return;
   /* NCCL is waited for without the lock: its own threads call CUDA, and psshim's hooks on
-   * them take the lock. The frames taken stay this rank's meanwhile; a chunk touched
-   * meanwhile becomes this rank's own as usual, and its gathered copy is then dropped. */
+   * them take the lock. The frames taken stay this rank's meanwhile; a touch or a free of
+   * a chunk being gathered waits for the gather (wait_gather), so each is still on its
+   * pieces when the gather ends. */
   st->gathering = true;
   pthread_mutex_unlock(&d->lock);
   ps_own_calls(true); /* NCCL's allocations are not psshim's to serve */

@@ -169,11 +169,12 @@ def make_run(a, method: str, ratio: float | None, budget: int | None,
         # libunwind beside it: the GPU machine may lack it).
         libs = os.environ.get("LD_LIBRARY_PATH")
         run.env = {"LD_PRELOAD": a.psshim_lib or "<libpsshim.so>",
-                   "LD_LIBRARY_PATH": os.path.dirname(os.path.abspath(a.psshim_lib or ".")) +
-                                      (os.pathsep + libs if libs else ""),
                    "PSSHIM_GPU_BUDGET": budget_text,
                    "PSSHIM_POLICY": method.split("-", 1)[1],
                    "PSSHIM_STATS": run.stats_path}
+        if a.psshim_lib:
+            run.env["LD_LIBRARY_PATH"] = os.path.dirname(os.path.abspath(a.psshim_lib)) + (
+                os.pathsep + libs if libs else "")
         run.argv = train_argv(a, run.json_path, *det)
     elif method == "fsdp-offload":
         run.argv = train_argv(a, run.json_path, "--fsdp-offload", "--memory-budget", budget_text)
