@@ -2,8 +2,8 @@
 # One device call (after tests/gpu/pack.sh here; device run: bash tests/gpu/pager_study.sh,
 # carrying .gpu): bench/remap_stall.c (its argument: STUDY_REMAP, default cupti), then the
 # 2.68B GPT under psshim at the runs named in STUDY_RUNS, each
-# POLICY:RATIO:RUNAHEAD[:VARIANT[:RATE]] (VARIANT: .gpu/libpsshim-VARIANT.so, see pack.sh;
-# RATE: PSSHIM_INPLACE_RATE, e.g. 4G). Budget = STUDY_PEAK / RATIO; STUDY_PEAK
+# POLICY:RATIO:RUNAHEAD[:VARIANT[:RATE[:CHUNK]]] (VARIANT: .gpu/libpsshim-VARIANT.so, see
+# pack.sh; RATE: PSSHIM_INPLACE_RATE, e.g. 4G; CHUNK: PSSHIM_CHUNK_SIZE, e.g. 4M). Budget = STUDY_PEAK / RATIO; STUDY_PEAK
 # defaults to the native peak of bench/results run 14. Prints, per run, whether its losses
 # equal run 14's native ones bitwise, the median of the last 5 of 12 steps, the pager's
 # per-step costs from PSSHIM_STATS, every step's time, and each step's plan time, moves and
@@ -24,14 +24,14 @@ if [ -z "${STUDY_NO_REMAP:-}" ]; then
       >"$OUT/remap_stall_$RUN.txt" 2>&1
 fi
 for spec in ${STUDY_RUNS:-auto:1.25:256 auto:1.25:2048 auto:2:256 auto:2:2048 static:2:256}; do
-  IFS=: read -r policy ratio runahead variant rate <<<"$spec"
-  name=${policy}_${ratio}_${runahead}${variant:+_$variant}${rate:+_rate$rate}
+  IFS=: read -r policy ratio runahead variant rate chunk <<<"$spec"
+  name=${policy}_${ratio}_${runahead}${variant:+_$variant}${rate:+_rate$rate}${chunk:+_chunk$chunk}
   lib=$G/libpsshim${variant:+-$variant}.so
   budget=$(python3 -c "print(int($PEAK / $ratio))")
   start=$(date +%s)
   LD_PRELOAD=$lib PSSHIM_GPU_BUDGET=$budget PSSHIM_POLICY=$policy PSSHIM_RUNAHEAD=$runahead \
     PSSHIM_STATS=$W/$name.psshim.json timeout "${STUDY_TIMEOUT:-150}" \
-    env ${rate:+PSSHIM_INPLACE_RATE=$rate} python3 bench/gpt_train.py --preset gpt2.7b \
+    env ${rate:+PSSHIM_INPLACE_RATE=$rate} ${chunk:+PSSHIM_CHUNK_SIZE=$chunk} python3 bench/gpt_train.py --preset gpt2.7b \
     --steps 12 --warmup 7 --deterministic --json "$W/$name.json" ${STUDY_TRAIN_ARGS:-} >"$W/$name.log" 2>&1
   echo "$name: rc $? in $(($(date +%s) - start)) s" >>"$OUT/study_$RUN.txt"
 done
@@ -41,7 +41,7 @@ w, run = sys.argv[1], sys.argv[2]
 summary = {}
 native = json.load(open("bench/results/paging_sweep_gpt2.7b_run14.json"))["native"]["loss_hex"]
 print(f"{'run':18s} {'=native':7s} {'median':>7s} {'plan ms':>8s} {'move ms':>8s} {'wait ms':>8s} {'in':>5s} {'out':>5s} "
-      f"{'host GiB':>8s}  step times (s)")
+      f"{'host GiB':>8s} {'fill %':>6s}  step times (s)")
 for path in sorted(glob.glob(os.path.join(w, "*.psshim.json"))):
     name = os.path.basename(path)[:-len(".psshim.json")]
     try:
@@ -56,7 +56,7 @@ for path in sorted(glob.glob(os.path.join(w, "*.psshim.json"))):
         name += " (cut)"
     print(f"{name:18s} {same:7s} {r['median_step_s']:7.3f} {per('plan_ns'):8.1f} {per('move_ns'):8.1f} "
           f"{per('runahead_wait_ns'):8.1f} {s['migrations_to_gpu']:5d} {s['migrations_to_host']:5d} "
-          f"{s['peak_host_bytes'] / 2**30:8.2f}  " + " ".join(f"{t:.2f}" for t in r["step_times_s"]))
+          f"{s['peak_host_bytes'] / 2**30:8.2f} {s['chunk_fill_pct']:6.1f}  " + " ".join(f"{t:.2f}" for t in r["step_times_s"]))
     per_step = [x.get("psshim") or {} for x in r.get("steps", [])]
     if any(per_step):
         for k in ("plan", "move", "scan", "poll", "frame_wait", "frame_make"):
