@@ -66,6 +66,10 @@ struct psc_shard {
  * which multiple chunk sizes must be. */
 bool psc_shard_check(uint64_t chunk_size, int n, uint64_t align);
 struct psc_shard psc_shard_of(uint64_t chunk_size, int n, int rank);
+/* The smallest multiple of align x (this node's rank count) that is at least preferred: a
+ * chunk size every rank can shard in pieces of align. The count is LOCAL_WORLD_SIZE, else
+ * WORLD_SIZE, else 1, read quietly: psc_node_join names a bad value. */
+uint64_t psc_shardable_chunk_size(uint64_t preferred, uint64_t align);
 
 /* ---- the node group ---- */
 /* Reads the ranks; if alone, returns PSC_ALONE having touched nothing else. Otherwise meets

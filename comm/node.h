@@ -53,6 +53,9 @@ void psc_report_wait(const char *during, struct psg_failure f);
 /* "64M"-style text of a byte count (exact suffixes only). */
 const char *psc_format_size(uint64_t bytes, char buf[32]);
 
+/* ranks.c: the node's rank count from torchrun's variables, read without complaint; 1 when unset. */
+int psc_node_size_hint(void);
+
 /* rendezvous.c: maps the node segment named from r->job_key (rank 0 creates it) and claims
  * this rank's slot; sets psc_state.node and shm_name. */
 bool psc_rendezvous_open(const struct psc_ranks *r);

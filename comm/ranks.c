@@ -110,3 +110,10 @@ enum psc_found psc_ranks_read(struct psc_ranks *r) {
   if (!job_key(r, r->job_key, sizeof r->job_key)) return PSC_BAD;
   return r->local_world_size == 1 ? PSC_ALONE : PSC_GROUP;
 }
+
+int psc_node_size_hint(void) {
+  int n = 1;
+  if (!parse_int(getenv("LOCAL_WORLD_SIZE"), 1, PSG_MAX_MEMBERS, &n))
+    parse_int(getenv("WORLD_SIZE"), 1, PSG_MAX_MEMBERS, &n);
+  return n;
+}

@@ -19,3 +19,8 @@ struct psc_shard psc_shard_of(uint64_t chunk_size, int n, int rank) {
   uint64_t len = chunk_size / (uint64_t)n;
   return (struct psc_shard){.offset = (uint64_t)rank * len, .len = len};
 }
+
+uint64_t psc_shardable_chunk_size(uint64_t preferred, uint64_t align) {
+  uint64_t unit = align * (uint64_t)psc_node_size_hint();
+  return (preferred + unit - 1) / unit * unit;
+}

@@ -37,10 +37,9 @@ static const struct option_def option_table[] = {
    NULL, &ps_options.gpu_reserve, NULL, NULL},
   {"PSSHIM_HOST_BUDGET", OPT_SIZE_OR_PCT, "a size (e.g. 64G) or a percentage of physical RAM (e.g. 50%)",
    NULL, &ps_options.host_budget, &ps_options.host_budget_frac, NULL},
-  /* 16M: tensors larger than a chunk waste less of their last one than with 64M (on the
-   * 2.7B GPT, 90% of chunk bytes live against 79%), and 8 ranks still shard it in 2M. */
+  /* Unset: the allocator picks (psa_default_chunk_size). */
   {"PSSHIM_CHUNK_SIZE", OPT_SIZE, "a non-zero size that is a multiple of 2M (e.g. 16M)",
-   "16M", &ps_options.chunk_size, NULL, NULL},
+   NULL, &ps_options.chunk_size, NULL, NULL},
   {"PSSHIM_POLICY", OPT_CHOICE, "auto or static", "auto", &ps_options.policy, NULL, policy_choices},
   {"PSSHIM_RUNAHEAD", OPT_UINT, "a whole number of launches from 1 to 60000", "256", &ps_options.runahead, NULL,
    NULL},

@@ -113,7 +113,7 @@ struct ps_options {
   uint64_t gpu_reserve;      /* bytes left to what psshim does not manage */
   uint64_t host_budget;      /* bytes of pinned host frames; 0 = default */
   double host_budget_frac;
-  uint64_t chunk_size;
+  uint64_t chunk_size;       /* bytes; 0 = the allocator's default for this node */
   enum ps_policy_kind policy;
   int log_level;
   bool stats;                /* PSSHIM_STATS set to 1 or a path */

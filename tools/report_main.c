@@ -6,7 +6,7 @@
 #include "tools/report.h"
 
 enum { EXIT_OK = 0, EXIT_USAGE = 1, EXIT_TRACE = 2 };
-#define DEFAULT_SIZES "16M,32M,64M,128M,256M,512M"
+#define DEFAULT_SIZES "4M,8M,16M,32M,64M,128M"
 
 static void usage(FILE *f) {
   fprintf(f,

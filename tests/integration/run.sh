@@ -362,6 +362,12 @@ quiet)
   under_psshim PSSHIM_GPU_BUDGET=16M "$prog" 2 4 2 >"$tmp/out" 2>"$tmp/err" || fail "run failed: $(cat "$tmp/err")"
   [ ! -s "$tmp/err" ] || fail "psshim wrote to stderr unasked: $(cat "$tmp/err")"
   echo "nothing on stderr: ok"
+  # Without PSSHIM_CHUNK_SIZE (set above for every case) a lone process gets 4M chunks.
+  (unset PSSHIM_CHUNK_SIZE; under_psshim PSSHIM_GPU_BUDGET=16M PSSHIM_STATS="$tmp/c.json" "$prog" 2 4 2 >/dev/null) ||
+    fail "run without PSSHIM_CHUNK_SIZE failed"
+  chunk=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['chunk_size'])" "$tmp/c.json")
+  [ "$chunk" = 4194304 ] || fail "default chunk size $chunk, expected 4194304"
+  echo "default chunk size: $chunk"
   # A process that never used the GPU (a launcher: timeout, torchrun) leaves no statistics:
   # it must not overwrite the file of the program it ran. (A sanitized libpsshim cannot be
   # preloaded into timeout, which lacks the sanitizer's runtime: the plain build checks it.)

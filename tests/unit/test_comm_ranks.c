@@ -170,6 +170,25 @@ static void shard_geometry(void **state) {
   assert_false(psc_shard_check(0, 2, 0));
 }
 
+static void shardable_chunk_size(void **state) {
+  (void)state;
+  const uint64_t M = 1ull << 20;
+  assert_int_equal(psc_shardable_chunk_size(4 * M, 2 * M), 4 * M); /* alone */
+  setenv("WORLD_SIZE", "2", 1);
+  assert_int_equal(psc_shardable_chunk_size(4 * M, 2 * M), 4 * M);
+  setenv("WORLD_SIZE", "3", 1);
+  assert_int_equal(psc_shardable_chunk_size(4 * M, 2 * M), 6 * M);
+  setenv("WORLD_SIZE", "16", 1); /* the node is LOCAL_WORLD_SIZE when set */
+  setenv("LOCAL_WORLD_SIZE", "8", 1);
+  assert_int_equal(psc_shardable_chunk_size(4 * M, 2 * M), 16 * M);
+  setenv("LOCAL_WORLD_SIZE", "4", 1);
+  assert_int_equal(psc_shardable_chunk_size(4 * M, 2 * M), 8 * M);
+  setenv("LOCAL_WORLD_SIZE", "lots", 1); /* unreadable: WORLD_SIZE, and no line (joining says it) */
+  setenv("WORLD_SIZE", "x", 1);
+  assert_int_equal(psc_shardable_chunk_size(4 * M, 2 * M), 4 * M);
+  assert_int_equal(lines, 0);
+}
+
 static void config_agreement(void **state) {
   (void)state;
   uint64_t mib = 1 << 20;
@@ -220,6 +239,7 @@ int main(void) {
       cmocka_unit_test_setup(without_local_world_size_one_node, setup),
       cmocka_unit_test_setup(bad_values_name_the_variable, setup),
       cmocka_unit_test_setup(shard_geometry, setup),
+      cmocka_unit_test_setup(shardable_chunk_size, setup),
       cmocka_unit_test_setup(config_agreement, setup),
       cmocka_unit_test_setup(alone_calls_are_no_ops, setup),
   };

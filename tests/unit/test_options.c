@@ -60,7 +60,7 @@ static void test_defaults(void **state)
   (void)state;
   char err[256];
   assert_true(ps_options_parse(err, sizeof err));
-  assert_int_equal(ps_options.chunk_size, 16ull << 20);
+  assert_int_equal(ps_options.chunk_size, 0); /* the allocator picks */
   assert_int_equal(ps_options.gpu_budget, 0);
   assert_int_equal(ps_options.policy, PS_POLICY_AUTO);
   assert_int_equal(ps_options.log_level, PS_LOG_ERROR);
