@@ -28,6 +28,7 @@ every run so a killed sweep keeps what it measured), a PNG plot, and prints a ta
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import signal
@@ -93,13 +94,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--python", default=sys.executable,
                    help="interpreter for gpt_train.py (default: this one)")
     p.add_argument("--dry-run", action="store_true", help="print the commands and exit")
+    p.add_argument("--merge", nargs="+", metavar="JSON",
+                   help="run nothing: join the runs of these sweep JSONs (one preset and peak; "
+                        "each run keeps its own call's native reference) into --out, its plot "
+                        "and tables, when one device call cannot hold every ratio")
     argv = sys.argv[1:] if argv is None else list(argv)
     cut = argv.index("--") if "--" in argv else len(argv)
     a = p.parse_args(argv[:cut])
     a.extra = argv[cut + 1:]
     a.plot = a.plot or os.path.splitext(a.out)[0] + ".png"
     a.runs_dir = os.path.splitext(a.out)[0] + "_runs"
-    if any(m.startswith("psshim") for m in a.methods) and not a.dry_run:
+    if any(m.startswith("psshim") for m in a.methods) and not a.dry_run and not a.merge:
         if not a.psshim_lib or not os.path.isfile(a.psshim_lib):
             p.error("--psshim-lib must name an existing libpsshim.so for the psshim methods")
     if a.psshim_lib:
@@ -472,10 +477,36 @@ def dry_run(a) -> int:
     return 0
 
 
+def merge(a) -> int:
+    parts = [json.load(open(path)) for path in a.merge]
+    keys = {(part["preset"], part.get("peak_bytes")) for part in parts}
+    if len(keys) != 1:
+        print(f"paging_sweep: --merge needs sweeps of one preset and peak, got {sorted(keys, key=str)}",
+              file=sys.stderr)
+        return 1
+    sweep = dict(parts[0], argv=sys.argv[1:], merged_from=[part["argv"] for part in parts],
+                 wall_s=sum(part.get("wall_s", 0) for part in parts))
+    sweep["runs"] = sorted((run for part in parts for run in part["runs"]),
+                           key=lambda run: (run["ratio"], METHODS.index(run["method"])))
+    sweep["ratios"] = sorted({run["ratio"] for run in sweep["runs"]})
+    sweep["methods"] = [m for m in METHODS if any(run["method"] == m for run in sweep["runs"])]
+    note = plot(sweep, a.plot)
+    sweep["plot"] = None if note else a.plot
+    benchlib.write_json(a.out, sweep)
+    print(f"wrote {a.out}" + (f" and {a.plot}" if not note else f" ({note})"))
+    print(table(sweep))
+    pager = pager_table(sweep)
+    if pager:
+        print("\n" + pager)
+    return 0
+
+
 def main(argv=None) -> int:
     a = parse_args(argv)
     if a.dry_run:
         return dry_run(a)
+    if a.merge:
+        return merge(a)
     t0 = time.time()
     sweep = {"script": "paging_sweep.py", "argv": sys.argv[1:], "preset": a.preset,
              "ratios": a.ratios, "methods": a.methods, "steps": a.steps, "warmup": a.warmup,
