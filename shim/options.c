@@ -37,7 +37,7 @@ static const struct option_def option_table[] = {
    NULL, &ps_options.gpu_reserve, NULL, NULL},
   {"PSSHIM_HOST_BUDGET", OPT_SIZE_OR_PCT, "a size (e.g. 64G) or a percentage of physical RAM (e.g. 50%)",
    NULL, &ps_options.host_budget, &ps_options.host_budget_frac, NULL},
-  /* Unset: the allocator picks (psa_default_chunk_size). */
+  /* Unset: the allocator picks one for the node (PSA_DEFAULT_CHUNK, allocator/space.c). */
   {"PSSHIM_CHUNK_SIZE", OPT_SIZE, "a non-zero size that is a multiple of 2M (e.g. 16M)",
    NULL, &ps_options.chunk_size, NULL, NULL},
   {"PSSHIM_POLICY", OPT_CHOICE, "auto or static", "auto", &ps_options.policy, NULL, policy_choices},
