@@ -494,6 +494,26 @@ static void leave_idle(struct device *d, uint64_t period)
   }
 }
 
+/* Checksums every candidate (after the device has run what was enqueued) and agrees the
+ * sums with the other ranks into st->agree; false when the ranks could not agree. */
+static bool offer(struct device *d, struct psa_shard *st, uint64_t period, uint64_t *offered)
+{
+  /* Nothing enqueued may touch a chunk while it is checksummed and shared, and no new
+   * launch can bracket one while this thread holds the lock. */
+  bool synced = !PS_CU(ps_driver.cuCtxSynchronize());
+  psa_moves_poll(d);
+  for (uint64_t i = 0; i < d->nchunks; i++) {
+    uint64_t sum = synced && candidate(d, i, period) ? checksum(d, st, i) : 0;
+    if (sum && st->seen_sum[i] && sum != st->seen_sum[i]) { /* written since the last round */
+      mark_rewritten(d, i);
+      sum = 0;
+    }
+    st->sums[i] = st->seen_sum[i] = sum;
+    *offered += sum != 0;
+  }
+  return psc_agree_checksums(st->sums, d->nchunks, st->agree);
+}
+
 /* One boundary, under round_lock: a round when round_gap boundaries have passed. */
 static void one_boundary(struct device *d, uint64_t period)
 {
@@ -506,26 +526,8 @@ static void one_boundary(struct device *d, uint64_t period)
   d->stats.share_rounds++;
   uint64_t start = psa_now_ns();
   struct psa_shard *st = state(d);
-  if (!st) {
-    stop_sharing();
-    pthread_mutex_unlock(&d->lock);
-    return;
-  }
-  /* Nothing enqueued may touch a chunk while it is checksummed and shared, and no new
-   * launch can bracket one while this thread holds the lock. */
-  bool synced = !PS_CU(ps_driver.cuCtxSynchronize());
-  psa_moves_poll(d);
   uint64_t offered = 0, equal = 0, shares = d->stats.shares;
-  for (uint64_t i = 0; i < d->nchunks; i++) {
-    uint64_t sum = synced && candidate(d, i, period) ? checksum(d, st, i) : 0;
-    if (sum && st->seen_sum[i] && sum != st->seen_sum[i]) { /* written since the last round */
-      mark_rewritten(d, i);
-      sum = 0;
-    }
-    st->sums[i] = st->seen_sum[i] = sum;
-    offered += sum != 0;
-  }
-  if (!psc_agree_checksums(st->sums, d->nchunks, st->agree)) {
+  if (!st || !offer(d, st, period, &offered)) {
     stop_sharing();
     pthread_mutex_unlock(&d->lock);
     return;
