@@ -477,6 +477,27 @@ def dry_run(a) -> int:
     return 0
 
 
+def report(a, sweep: dict) -> int:
+    """Plots the sweep, writes its JSON and prints its tables."""
+    note = plot(sweep, a.plot)
+    sweep["plot"] = None if note else a.plot
+    benchlib.write_json(a.out, sweep)
+    print(f"\nwrote {a.out}" + (f" and {a.plot}" if not note else f" ({note})"))
+    print(f"native peak {benchlib.gib(sweep['peak_bytes'])} GiB ({sweep['peak_source']}); "
+          f"bound = {sweep['bound']}; ~ = estimated bytes\n")
+    print(table(sweep))
+    pager = pager_table(sweep)
+    if pager:
+        print("\npsshim's pager (PSSHIM_STATS): moves, launches that waited for a copy, chunk "
+              "touches served from host frames, the adopted period (launches), plans and why "
+              "they stopped (no gain: swaps passed over as not paying), margin (frames), and "
+              "host time per step (over all steps) that the launching threads spent planning, "
+              "moving (copies queued and remaps), remapping alone, and held back by the "
+              "run-ahead bound")
+        print(pager)
+    return 0
+
+
 def merge(a) -> int:
     parts = [json.load(open(path)) for path in a.merge]
     keys = {(part["preset"], part.get("peak_bytes")) for part in parts}
@@ -490,15 +511,7 @@ def merge(a) -> int:
                            key=lambda run: (run["ratio"], METHODS.index(run["method"])))
     sweep["ratios"] = sorted({run["ratio"] for run in sweep["runs"]})
     sweep["methods"] = [m for m in METHODS if any(run["method"] == m for run in sweep["runs"])]
-    note = plot(sweep, a.plot)
-    sweep["plot"] = None if note else a.plot
-    benchlib.write_json(a.out, sweep)
-    print(f"wrote {a.out}" + (f" and {a.plot}" if not note else f" ({note})"))
-    print(table(sweep))
-    pager = pager_table(sweep)
-    if pager:
-        print("\n" + pager)
-    return 0
+    return report(a, sweep)
 
 
 def main(argv=None) -> int:
@@ -542,23 +555,7 @@ def main(argv=None) -> int:
         benchlib.write_json(a.out, sweep)
 
     sweep["wall_s"] = round(time.time() - t0, 1)
-    note = plot(sweep, a.plot)
-    sweep["plot"] = None if note else a.plot
-    benchlib.write_json(a.out, sweep)
-    print(f"\nwrote {a.out}" + (f" and {a.plot}" if not note else f" ({note})"))
-    print(f"native peak {benchlib.gib(peak)} GiB ({sweep['peak_source']}); "
-          f"bound = {sweep['bound']}; ~ = estimated bytes\n")
-    print(table(sweep))
-    pager = pager_table(sweep)
-    if pager:
-        print("\npsshim's pager (PSSHIM_STATS): moves, launches that waited for a copy, chunk "
-              "touches served from host frames, the adopted period (launches), plans and why "
-              "they stopped (no gain: swaps passed over as not paying), margin (frames), and "
-              "host time per step (over all steps) that the launching threads spent planning, "
-              "moving (copies queued and remaps), remapping alone, and held back by the "
-              "run-ahead bound")
-        print(pager)
-    return 0
+    return report(a, sweep)
 
 
 if __name__ == "__main__":
