@@ -81,7 +81,7 @@ static bool budgets(struct device *d)
  * (1.52 against 1.94 s, runs 38 and 37): README says so. */
 #define PSA_DEFAULT_CHUNK (4ull << 20)
 
-static bool chunk_size_ok(struct device *d)
+static bool settle_chunk_size(struct device *d)
 {
   CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
                               .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = d->ordinal}};
@@ -151,7 +151,7 @@ static bool setup(struct device *d, int ordinal)
   d->chunk_size = ps_options.chunk_size;
   if (PS_CU(ps_driver.cuDeviceGet(&d->dev, ordinal)) || PS_CU(ps_driver.cuDevicePrimaryCtxRetain(&d->ctx, d->dev)))
     return false;
-  if (!chunk_size_ok(d) || !budgets(d))
+  if (!settle_chunk_size(d) || !budgets(d))
     return false;
   d->max_frames = d->gpu_frame_limit + d->host_frame_limit;
   /* Twice the frames' worth of addresses: spans of several chunks fragment the space. */
