@@ -69,9 +69,9 @@ for path in sorted(glob.glob(os.path.join(w, "*.psshim.json"))):
         print(f"{'':18s} profiled step: " + (prof["error"] if "error" in prof else
               f"{prof['wall_s']:.3f} s, GPU busy {prof['gpu_busy_share']:.0%}, " +
               ", ".join(f"{k} {v / 1e3:.0f} ms" for k, v in prof["gpu_us_by_kind"].items()) +
-              "; top: " + ", ".join(f"{n[:40]} {t / 1e3:.0f} ms" for n, t in prof["top_gpu_us"][:4])))
+              "; top: " + ", ".join(f"{n[:40]} {t / 1e3:.0f} ms" for n, t in prof["top_gpu_us"][:8])))
     summary[name] = {"median_step_s": r["median_step_s"], "step_times_s": r["step_times_s"],
-                     "loss_hex": r["loss_hex"], "psshim_stats": s}
+                     "loss_hex": r["loss_hex"], "psshim_stats": s, "profile": prof}
 json.dump(summary, open(os.path.join(os.environ.get("OUT", w), f"study_{run}.json"), "w"), indent=1)
 PY
 echo "== remap_stall =="
