@@ -184,6 +184,11 @@ struct span *psa_span_extend(struct device *d, uint64_t size, CUstream stream, u
 void psa_span_release(struct device *d, struct span *s, uint64_t off, uint64_t size, CUstream stream,
                       CUevent ev);
 bool psa_span_idle(struct device *d, struct span *s);
+/* A host frame for a page-out: an idle span's first, then a free or new one. The pager's
+ * page-outs of the iteration's own allocations leave spans idle in host frames once freed,
+ * while the next allocations go to GPU frames: with new frames first, host frames grew
+ * every step (to the node's budget on the test driver). */
+uint32_t psa_host_frame(struct device *d);
 void psa_span_relist(struct device *d, struct span *s);
 /* A CHUNK record (enum pst_chunk_event) when tracing. */
 void psa_trace_chunk(struct device *d, uint64_t chunk, uint32_t event);

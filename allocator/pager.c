@@ -271,7 +271,7 @@ CUresult psa_move(struct device *d, uint64_t chunk, enum psa_where to)
   CUresult r = move_checks(d, chunk);
   if (r)
     return r;
-  uint32_t fresh = psa_frame_take(d, to);
+  uint32_t fresh = to == PSA_HOST ? psa_host_frame(d) : psa_frame_take(d, to);
   if (fresh == PSA_NO_FRAME)
     return CUDA_ERROR_OUT_OF_MEMORY;
   if (!movable(d, chunk)) { /* taking a frame may drop the lock */
@@ -292,7 +292,7 @@ static void swap_in(struct device *d, uint64_t chunk, uint64_t victim)
 {
   if (move_checks(d, chunk) || move_checks(d, victim) || d->ncopying + 2 > PSA_MAX_MIGRATIONS)
     return;
-  uint32_t host = psa_frame_take(d, PSA_HOST);
+  uint32_t host = psa_host_frame(d);
   if (host == PSA_NO_FRAME)
     return;
   if (!movable(d, chunk) || !movable(d, victim)) { /* taking a frame may drop the lock */
@@ -381,10 +381,21 @@ static uint64_t predicted_next(struct chunk *c, uint64_t now, uint64_t period)
   return c->next_use;
 }
 
+/* Whether a chunk of the iteration's own allocations waits beyond the margin's window for
+ * its next use (a gradient before the optimizer step, an activation saved for a backward
+ * pass far ahead), in a part of the iteration whose own allocations outgrow the GPU
+ * (`crowded`, see coming_margin): then it needs no GPU frame for that part, and gives its
+ * frame to the allocations made meanwhile. A chunk not used yet does not wait. */
+static bool waits(struct chunk *c, uint64_t now, uint64_t period, bool crowded)
+{
+  return crowded && c->last_use && predicted_next(c, now, period) >= now + period / MARGIN_LOOKAHEAD;
+}
+
 /* The chunks in `w` frames that a move might take now (in use or being copied: not),
  * with predicted next uses, in the order to consider them: for fetches (host) the soonest
  * first, for victims (GPU) the farthest first. Returns how many. */
-static size_t candidates(struct device *d, enum psa_where w, uint64_t now, uint64_t period, psp_cand *out)
+static size_t candidates(struct device *d, enum psa_where w, uint64_t now, uint64_t period, bool crowded,
+                         psp_cand *out)
 {
   size_t n = 0;
   for (uint64_t i = 0; i < d->chunks_high; i++) {
@@ -392,9 +403,9 @@ static size_t candidates(struct device *d, enum psa_where w, uint64_t now, uint6
     /* A chunk used within the last PSSHIM_RUNAHEAD launches is most likely still queued. */
     if (!on(d, c, w) || c->in_flight || c->copy || !c->last_use || c->last_use + ps_options.runahead > now)
       continue;
-    /* Victims are model data: the iteration's own allocations keep their frames (the
-     * margin), and an empty span's frame goes to the next allocation anyway. */
-    if (w == PSA_GPU && (young(c->span, now, period) || !c->span->live_allocs))
+    /* Victims are model data and young chunks that wait: the other young keep their
+     * frames (the margin), and an empty span's frame goes to the next allocation anyway. */
+    if (w == PSA_GPU && (!c->span->live_allocs || (young(c->span, now, period) && !waits(c, now, period, crowded))))
       continue;
     uint64_t next = predicted_next(c, now, period);
     if (w == PSA_HOST && (next == PSP_NEVER ||
@@ -411,12 +422,13 @@ static size_t candidates(struct device *d, enum psa_where w, uint64_t now, uint6
 }
 
 /* Frames that young spans hold (the iteration's activations and other short-lived
- * allocations), on the GPU and in all; and GPU frames that are free or soon free: unused,
- * held by empty spans (an allocation takes them back), or leaving with a page-out's copy. */
-static void count_frames(struct device *d, uint64_t now, uint64_t period, uint64_t *young_gpu, uint64_t *young_all,
-                         uint64_t *room)
+ * allocations): in all, and of those the ones that wait (anywhere) and the others on the
+ * GPU; and GPU frames that are free or soon free: unused, held by empty spans (an
+ * allocation takes them back), or leaving with a page-out's copy. */
+static void count_frames(struct device *d, uint64_t now, uint64_t period, bool crowded, uint64_t *young_all,
+                         uint64_t *waiting, uint64_t *young_gpu, uint64_t *room)
 {
-  *young_gpu = *young_all = 0;
+  *young_all = *waiting = *young_gpu = 0;
   *room = d->gpu_frame_limit - d->gpu_frames_held;
   for (uint64_t i = 0; i < d->chunks_high; i++) {
     struct chunk *c = &d->chunks[i];
@@ -427,19 +439,23 @@ static void count_frames(struct device *d, uint64_t now, uint64_t period, uint64
       *room += gpu;
     } else if (young(c->span, now, period)) {
       ++*young_all;
-      *young_gpu += gpu;
+      if (waits(c, now, period, crowded))
+        ++*waiting;
+      else
+        *young_gpu += gpu;
     }
   }
   for (uint32_t i = 0; i < d->ndeferred; i++)
     *room += d->frames[d->deferred[i].frame].where == PSA_GPU;
 }
 
-/* GPU frames the iteration's short-lived allocations will want in the coming part of the
- * iteration (the most they held in that part last time), at most the budget. */
+/* Frames the iteration's short-lived allocations will hold in the coming part of the
+ * iteration: the most they held in that part last time. More than the GPU has (3x over
+ * budget on the 2.68B GPT) makes that part crowded: those that wait are paged as model
+ * data is. PatrickStar's margin assumes they fit. */
 static uint64_t coming_margin(const struct device *d, uint64_t now, uint64_t period)
 {
-  uint64_t margin = psp_phase_ahead(&d->young, now, period / MARGIN_LOOKAHEAD);
-  return margin < d->gpu_frame_limit ? margin : d->gpu_frame_limit;
+  return psp_phase_ahead(&d->young, now, period / MARGIN_LOOKAHEAD);
 }
 
 uint32_t psa_frame_for(struct device *d, uint64_t period, uint64_t need)
@@ -448,7 +464,7 @@ uint32_t psa_frame_for(struct device *d, uint64_t period, uint64_t need)
   if (d->gpu_frames_held + margin < d->gpu_frame_limit)
     return psa_frame_take(d, PSA_GPU);
   psp_cand *victims = d->cands + d->nchunks;
-  size_t nv = candidates(d, PSA_GPU, d->clock, period, victims);
+  size_t nv = candidates(d, PSA_GPU, d->clock, period, margin > d->gpu_frame_limit, victims);
   for (size_t v = 0; v < nv && victims[v].next_use > need; v++) {
     uint64_t chunk = victims[v].chunk;
     if (!movable(d, chunk) || psa_move(d, chunk, PSA_HOST) != CUDA_SUCCESS)
@@ -465,18 +481,20 @@ uint32_t psa_frame_for(struct device *d, uint64_t period, uint64_t need)
  * recently used host chunks meanwhile, auto's first steps at 2x the budget took 26 s each
  * on the H200, static placement's 6.7; the cause was not isolated.) Then: first room on
  * the GPU for the iteration's short-lived allocations of the coming part of the iteration
- * (PatrickStar's margin: the most frames they held in that part last time, up to the whole
- * budget, less what they hold on the GPU now), made by paging out the model data needed
- * farthest ahead, so activations and gradients do not land in host frames. Then the host
- * chunks needed soonest go into free GPU frames beyond the margin, or into the frames of
- * GPU chunks needed later than they are (Belady), where the move pays. */
+ * (PatrickStar's margin: the most frames they held in that part last time, less those
+ * that wait beyond it, up to the whole budget, less what the others hold on the GPU now),
+ * made by paging out what is needed farthest ahead, model data or young chunks that wait,
+ * so the activations in use do not land in host frames (at 3x over budget on the 2.68B
+ * GPT the young alone outgrow the GPU). Then the host chunks needed soonest go into free
+ * GPU frames beyond the margin, or into the frames of GPU chunks needed later than they
+ * are (Belady), where the move pays. */
 static void plan(struct device *d, uint64_t now)
 {
   uint64_t period = pst_session_period();
   if (!period)
     return;
   psp_cand *fetch = d->cands, *victims = d->cands + d->nchunks;
-  uint64_t young_gpu = 0, young_all = 0, room = 0;
+  uint64_t young_all = 0, waiting = 0, young_gpu = 0, room = 0;
   uint32_t most = plan_moves(d);
   if (period != d->predicted_for) { /* predictions made with another period are void */
     for (uint64_t i = 0; i < d->chunks_high; i++)
@@ -484,13 +502,18 @@ static void plan(struct device *d, uint64_t now)
     d->predicted_for = period;
   }
   uint64_t scan_start = psa_now_ns();
-  count_frames(d, now, period, &young_gpu, &young_all, &room);
+  bool crowded = coming_margin(d, now, period) > d->gpu_frame_limit;
+  count_frames(d, now, period, crowded, &young_all, &waiting, &young_gpu, &room);
   if (young_all > d->margin) /* counted in host frames too: what did not fit counts */
     d->stats.margin_frames = d->margin = young_all;
   psp_phase_note(&d->young, now, period, young_all);
   uint64_t margin = coming_margin(d, now, period);
+  margin = margin > waiting ? margin - waiting : 0;
+  if (margin > d->gpu_frame_limit)
+    margin = d->gpu_frame_limit;
   uint64_t keep = margin > young_gpu ? margin - young_gpu : 0;
-  size_t nf = candidates(d, PSA_HOST, now, period, fetch), nv = candidates(d, PSA_GPU, now, period, victims);
+  size_t nf = candidates(d, PSA_HOST, now, period, crowded, fetch);
+  size_t nv = candidates(d, PSA_GPU, now, period, crowded, victims);
   d->stats.scan_ns += psa_now_ns() - scan_start;
   size_t v = 0, moves = 0;
   d->stats.plans++;

@@ -295,6 +295,16 @@ static bool reclaim_one(struct device *d, enum psa_where want)
   return false;
 }
 
+uint32_t psa_host_frame(struct device *d)
+{
+  for (struct span *s = d->spans[PSA_HOST]; s; s = s->next)
+    if (psa_span_idle(d, s)) {
+      psa_span_delete(d, s);
+      break;
+    }
+  return psa_frame_take(d, PSA_HOST);
+}
+
 /* GPU frames first (free, made, or taken back from idle spans), then host frames. */
 static uint32_t frame_for_chunk(struct device *d)
 {
