@@ -502,6 +502,7 @@ static void plan(struct device *d, uint64_t now)
     d->predicted_for = period;
   }
   uint64_t scan_start = psa_now_ns();
+  /* Judged before this moment is noted, since counting needs it. */
   bool crowded = coming_margin(d, now, period) > d->gpu_frame_limit;
   count_frames(d, now, period, crowded, &young_all, &waiting, &young_gpu, &room);
   if (young_all > d->margin) /* counted in host frames too: what did not fit counts */
