@@ -571,6 +571,13 @@ static void steady(void *arg)
         exit(142);
       launch(fill_kernel, act[l], 2 * MiB, 1000u + (uint64_t)l, s);
     }
+    /* The loss, read on the host: whole-device waits between launches (plans and polls
+     * run at launches) let every eviction made for the backward finish whatever the
+     * driver's speed (valgrind's included), so the count below is the policy's. */
+    for (int k = 0; k < 2; k++) {
+      ps_driver.cuCtxSynchronize();
+      launch(check_kernel, act[LAYERS - 1], 2 * MiB, 1000u + LAYERS - 1, s);
+    }
     for (int l = LAYERS - 1; l >= 0; l--) { /* backward, recomputing */
       launch(check_kernel, param[l], 2 * MiB, seed[l], s);
       launch(check_kernel, act[l], 2 * MiB, 1000u + (uint64_t)l, s);
@@ -641,6 +648,13 @@ static void crowded(void *arg)
         exit(141);
       launch(fill_kernel, act[l], 2 * MiB, 1000u + (uint64_t)l, s);
     }
+    /* The loss, read on the host: whole-device waits between launches (plans and polls
+     * run at launches) let every eviction made for the backward finish whatever the
+     * driver's speed (valgrind's included), so the count below is the policy's. */
+    for (int k = 0; k < 2; k++) {
+      ps_driver.cuCtxSynchronize();
+      launch(check_kernel, act[LAYERS - 1], 2 * MiB, 1000u + LAYERS - 1, s);
+    }
     for (int l = LAYERS - 1; l >= 0; l--) { /* backward, recomputing */
       if (psa_alloc(0, 2 * MiB, s, &tmp))
         exit(142);
@@ -679,7 +693,7 @@ static void test_crowded_iteration_evicts_what_waits(void **state)
   (void)state;
   int on_gpu = in_child(crowded, NULL);
   assert_in_range(on_gpu, 0, 80); /* not a failure code */
-  assert_true(on_gpu >= 72);      /* nearly all of them */
+  assert_true(on_gpu >= 76);      /* nearly all of them; 70 when young chunks kept their frames */
 }
 
 /* Work ahead of the run-ahead mark may itself wait for the launching thread, as a host
