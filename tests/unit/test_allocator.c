@@ -571,13 +571,6 @@ static void steady(void *arg)
         exit(142);
       launch(fill_kernel, act[l], 2 * MiB, 1000u + (uint64_t)l, s);
     }
-    /* The loss, read on the host: whole-device waits between launches (plans and polls
-     * run at launches) let every eviction made for the backward finish whatever the
-     * driver's speed (valgrind's included), so the count below is the policy's. */
-    for (int k = 0; k < 2; k++) {
-      ps_driver.cuCtxSynchronize();
-      launch(check_kernel, act[LAYERS - 1], 2 * MiB, 1000u + LAYERS - 1, s);
-    }
     for (int l = LAYERS - 1; l >= 0; l--) { /* backward, recomputing */
       launch(check_kernel, param[l], 2 * MiB, seed[l], s);
       launch(check_kernel, act[l], 2 * MiB, 1000u + (uint64_t)l, s);
