@@ -344,11 +344,17 @@ bool rp_chunk_advice(const struct rp_trace *t, const uint64_t *sizes, size_t n, 
         (moved(&r.opt) == moved(&best.opt) && r.opt.page_ins < best.opt.page_ins))
       best = r;
   }
-  if (ok)
-    fprintf(out, "  recommended: PSSHIM_CHUNK_SIZE=%s (%.1f MB moved under OPT, %s footprint)\n",
+  if (ok) {
+    fprintf(out, "  least moved: PSSHIM_CHUNK_SIZE=%s (%.1f MB moved under OPT, %s footprint)\n",
             env_size(best.chunk_size, b, sizeof b), (double)moved(&best.opt) / 1e6, rp_bytes(best.footprint, c, sizeof c));
-  else
+    /* psshim's pager reads host frames in place rather than paging every touch in, and
+     * packs a tensor larger than a chunk into whole chunks: on the H200 this ranking put
+     * 16M first where 4M ran 5.5% faster (bench/results, session 10). */
+    fprintf(out, "  (copies under demand paging, not step time: psshim also reads host frames in place;\n"
+                 "   measure the step at the sizes that copy least)\n");
+  } else {
     fprintf(stderr, "psshim-report: chunk-size replay failed (out of memory)\n");
+  }
   accesses_free(&a);
   return ok;
 }

@@ -32,7 +32,7 @@ check "phases: 2 warm-up and 3 steady iterations" \
   bash -c "grep -Eq '^  warm-up +2 ' '$dir/out.txt' && grep -Eq '^  steady +3 ' '$dir/out.txt'"
 check "allocation site symbolized" grep -q 'synth_alloc_params+0x' "$dir/out.txt"
 check "chunk table" grep -Eq '^ +23 +64\.0 ' "$dir/out.txt"
-check "chunk-size recommendation" grep -Eq '^  recommended: PSSHIM_CHUNK_SIZE=[0-9]+[KMG]? ' "$dir/out.txt"
+check "chunk-size ranking" grep -Eq '^  least moved: PSSHIM_CHUNK_SIZE=[0-9]+[KMG]? ' "$dir/out.txt"
 check "perfetto JSON is valid" python3 -m json.tool "$dir/run.json" /dev/null
 check "perfetto has slices and counters" \
   bash -c "grep -q '\"ph\":\"X\"' '$dir/run.json' && grep -q '\"ph\":\"C\"' '$dir/run.json'"
