@@ -282,11 +282,12 @@ static bool span_has(struct device *d, struct span *s, enum psa_where w)
   return false;
 }
 
-/* Takes back the frames of one idle span that holds a frame of kind `want`. */
+/* Takes back the frames of one idle span that holds a frame of kind `want`. A span with
+ * any host frame is on the host list (span_where), so host frames are sought there only. */
 static bool reclaim_one(struct device *d, enum psa_where want)
 {
   static const enum psa_where lists[] = {PSA_GPU, PSA_HOST};
-  for (int k = 0; k < 2; k++)
+  for (int k = want == PSA_HOST; k < 2; k++)
     for (struct span *s = d->spans[lists[k]]; s; s = s->next)
       if (span_has(d, s, want) && psa_span_idle(d, s)) {
         psa_span_delete(d, s);
@@ -297,11 +298,7 @@ static bool reclaim_one(struct device *d, enum psa_where want)
 
 uint32_t psa_host_frame(struct device *d)
 {
-  for (struct span *s = d->spans[PSA_HOST]; s; s = s->next)
-    if (psa_span_idle(d, s)) {
-      psa_span_delete(d, s);
-      break;
-    }
+  reclaim_one(d, PSA_HOST);
   return psa_frame_take(d, PSA_HOST);
 }
 
