@@ -88,7 +88,9 @@ static void track_iteration(const struct pst_launch *l)
     /* A new candidate is confirmed (or not) two of its periods later, not after the
      * doubling wait: a 24-launch loop asked at 130 and 260 launches would otherwise first
      * agree at 520. A long one, a quarter period later (at least 1024 launches). */
-    uint64_t again = 2 * (uint64_t)p + 64 < 1024 ? 2 * (uint64_t)p + 64 : p / 4 > 1024 ? p / 4 : 1024;
+    uint64_t again = 2 * (uint64_t)p + 64;
+    if (again > 1024)
+      again = p / 4 > 1024 ? p / 4 : 1024;
     if (found && p != candidate && p != period && fed + again < next_ask)
       next_ask = fed + again;
     candidate = found ? p : 0;
