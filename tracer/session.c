@@ -20,16 +20,15 @@
 static pthread_mutex_t period_lock = PTHREAD_MUTEX_INITIALIZER;
 static psp_period *detector;
 static uint64_t fed, next_ask, next_boundary, iteration;
-static uint64_t trust_at; /* launch at which a confirmed period's steadiness is checked next */
 static uint32_t period, candidate; /* adopted period, and the last one the detector gave */
 static bool trusted; /* period's boundaries have come back to the same live bytes */
-static uint64_t live_before, allocs_before; /* one period before trust_at (NO_LIVE: none yet) */
+static uint64_t live_at_boundary, allocs_at_boundary; /* at period's last boundary (NO_LIVE: none yet) */
 static _Atomic uint32_t adopted; /* period once trusted (else 0), readable without the lock */
 static pthread_t sampler;
 static _Atomic bool sampling, in_sample;
 static CUcontext sampler_ctx;
 
-/* A period is only a candidate iteration until two launches one period apart find the
+/* A period is only a candidate iteration until two of its boundaries in a row find the
  * same bytes allocated, give or take STEADY_SLACK, with allocations between them (an
  * iteration allocates its activations): a layer's launches repeat as a step's do, but each
  * layer leaves its activations behind (megabytes), while a step may keep a few bytes (a
@@ -40,7 +39,7 @@ static CUcontext sampler_ctx;
 static void distrust(void)
 {
   trusted = false;
-  live_before = NO_LIVE;
+  live_at_boundary = NO_LIVE;
   atomic_store_explicit(&adopted, 0, memory_order_relaxed);
 }
 
@@ -48,13 +47,13 @@ static void trust_if_steady(void)
 {
   struct psa_stats s;
   psa_stats_get(&s);
-  uint64_t was = live_before, now = s.live_bytes;
-  if (was != NO_LIVE && s.allocs > allocs_before && (now > was ? now - was : was - now) < STEADY_SLACK) {
+  uint64_t was = live_at_boundary, now = s.live_bytes;
+  if (was != NO_LIVE && s.allocs > allocs_at_boundary && (now > was ? now - was : was - now) < STEADY_SLACK) {
     trusted = true;
     atomic_store_explicit(&adopted, period, memory_order_relaxed);
   }
-  live_before = now;
-  allocs_before = s.allocs;
+  live_at_boundary = now;
+  allocs_at_boundary = s.allocs;
 }
 
 /* Iteration boundaries from the period detector, once trusted: an ITERATION record as each
@@ -83,25 +82,19 @@ static void track_iteration(const struct pst_launch *l)
       next_boundary = phase + p;
       while (next_boundary < fed)
         next_boundary += p;
-      trust_at = fed; /* live bytes now, then one period on: any phase tells, not only a boundary */
     }
     /* A new candidate is confirmed (or not) two of its periods later, not after the
      * doubling wait: a 24-launch loop asked at 130 and 260 launches would otherwise first
-     * agree at 520. A long one, a quarter period later (at least 1024 launches). */
-    uint64_t again = 2 * (uint64_t)p + 64;
-    if (again > 1024)
-      again = p / 4 > 1024 ? p / 4 : 1024;
-    if (found && p != candidate && p != period && fed + again < next_ask)
-      next_ask = fed + again;
+     * agree at 520. */
+    if (found && p != candidate && p != period && fed + 2 * (uint64_t)p + 64 < next_ask)
+      next_ask = fed + 2 * (uint64_t)p + 64;
     candidate = found ? p : 0;
-  }
-  if (period && !trusted && fed >= trust_at) {
-    trust_if_steady();
-    trust_at = fed + period;
   }
   bool boundary = period && fed >= next_boundary;
   if (boundary) {
     next_boundary += period;
+    if (!trusted)
+      trust_if_steady();
     boundary = trusted;
   }
   uint64_t it = boundary ? ++iteration : iteration;
