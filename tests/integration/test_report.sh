@@ -28,8 +28,10 @@ while IFS='|' read -r label mb times; do
 done < "$dir/expect"
 # 8 MB in 0.2 ms, six times: 40000 MB/s.
 check "DATA MOVE: app copy h2d rate" grep -Eq '^  app copy h2d +48\.000 +6 +1\.200 +40000\.0$' "$dir/out.txt"
-check "phases: 2 warm-up and 3 steady iterations" \
-  bash -c "grep -Eq '^  warm-up +2 ' '$dir/out.txt' && grep -Eq '^  steady +3 ' '$dir/out.txt'"
+check "phases: 2 warm-up and 3 steady iterations of 120 launches" \
+  bash -c "grep -Eq '^  warm-up +2 ' '$dir/out.txt' && grep -Eq '^  steady +3 ( +[0-9.]+){4} +120 ' '$dir/out.txt'"
+check "phases: the early short period named as warm-up" \
+  grep -Eq '^  warm-up marks also came from periods .*: 7 launches$' "$dir/out.txt"
 check "allocation site symbolized" grep -q 'synth_alloc_params+0x' "$dir/out.txt"
 check "chunk table" grep -Eq '^ +23 +64\.0 ' "$dir/out.txt"
 check "chunk-size ranking" grep -Eq '^  least moved: PSSHIM_CHUNK_SIZE=[0-9]+[KMG]? ' "$dir/out.txt"

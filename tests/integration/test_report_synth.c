@@ -100,8 +100,11 @@ __attribute__((visibility("default"), noinline)) void synth_alloc_workspace(bool
     emit((struct pst_record){ .type = PST_REC_FREE, .free = { addr, 0x100 } });
 }
 
+/* Warm-up marks: the first with no period, the next with a short period taken for the
+ * iteration (as the tracer's early guesses are), then the step's own. */
 static void iteration(int it) {
-  emit((struct pst_record){ .type = PST_REC_ITERATION, .iteration = { (uint64_t)it, it < WARMUP ? 0 : LAYERS * 5 } });
+  const uint64_t period = it == 0 ? 0 : it < WARMUP ? 7 : LAYERS * 5;
+  emit((struct pst_record){ .type = PST_REC_ITERATION, .iteration = { (uint64_t)it, period } });
   emit((struct pst_record){ .type = PST_REC_COPY, .copy = { PST_COPY_H2D, 8000000, 0x5000, BASE + LAYERS * CHUNK, 0x100, now, now + 200000 } });
   advance(200000);
   synth_alloc_workspace(true);
