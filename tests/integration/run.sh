@@ -123,6 +123,7 @@ iterations)
   read -r _ iterations _ _ _ _ per_it _ <<<"$line"
   [ "$per_it" = 24 ] || fail "$per_it launches per iteration, expected 24"
   [ "$iterations" -ge 280 ] || fail "only $iterations iterations of 300 found"
+  [ "$iterations" -lt 300 ] || fail "$iterations steady iterations counted in 300 steps"
   # The same launches, but each step keeps 2 MiB: periodic, yet no iteration (its memory
   # grows, as a forward pass's layers do), so no period is taken and nothing pages by one.
   under_psshim PSSHIM_CUPTI="$FAKE_CUPTI" PSSHIM_STATS="$tmp/keep.json" PSSHIM_POLICY=auto PSSHIM_GPU_BUDGET=64M \
