@@ -54,6 +54,13 @@ struct rp_chunks {
 bool rp_chunks_build(const struct rp_trace *t, struct rp_chunks *out);
 void rp_chunks_free(struct rp_chunks *cs);
 
+/* ---- derived: the steady phase ---- */
+/* The run of consecutive ITERATION records with one nonzero period whose marks span the
+ * most time: the tracer may first take short stretches of a first step for the iteration
+ * (36 and 40 launches on the 2.68B GPT), and a script may end with another loop (an
+ * evaluation). Sets *first and *last (indices into t->ev); false when no mark has a period. */
+bool rp_steady_marks(const struct rp_trace *t, size_t *first, size_t *last);
+
 /* ---- outputs; each returns false after one line on stderr ---- */
 bool rp_text(const struct rp_trace *t, const struct rp_chunks *cs, FILE *out);
 bool rp_perfetto(const struct rp_trace *t, const char *path);
@@ -80,9 +87,9 @@ double rp_secs(const struct rp_trace *t, uint64_t ns);
 /* Writes s (n bytes) as a JSON string body / HTML text, escaped. */
 void rp_json_escape(FILE *f, const char *s, size_t n);
 void rp_html_escape(FILE *f, const char *s);
-/* Parses "64M", "1G", "512K", "4096" (binary multiples). */
 /* name demangled into buf when it is a C++ symbol and a demangler is at hand, else name. */
 const char *rp_demangle(const char *name, char *buf, size_t len);
+/* Parses "64M", "1G", "512K", "4096" (binary multiples). */
 bool rp_parse_size(const char *s, uint64_t *out);
 
 #endif

@@ -67,19 +67,18 @@ static void accesses_free(struct accesses *a) {
   memset(a, 0, sizeof *a);
 }
 
-/* The last complete iteration when ITERATION records mark two or more (true); else all of
- * the run. */
+/* The steady phase's last complete iteration (rp_steady_marks) when it has one (true); else
+ * all of the run. */
 static bool pick_window(const struct rp_trace *t, uint64_t *from, uint64_t *to, char *desc, size_t len) {
-  const struct pst_record *last = NULL, *before = NULL;
-  for (size_t i = 0; i < t->nev; i++)
-    if (t->ev[i].type == PST_REC_ITERATION) {
-      before = last;
-      last = &t->ev[i];
-    }
-  if (before) {
-    *from = before->ts_ns;
-    *to = last->ts_ns;
-    snprintf(desc, len, "iteration %llu (the last complete one)", (unsigned long long)before->iteration.iteration);
+  size_t first, last, before = SIZE_MAX;
+  if (rp_steady_marks(t, &first, &last))
+    for (size_t i = first; i < last; i++)
+      if (t->ev[i].type == PST_REC_ITERATION) before = i;
+  if (before != SIZE_MAX) {
+    *from = t->ev[before].ts_ns;
+    *to = t->ev[last].ts_ns;
+    snprintf(desc, len, "iteration %llu (the last complete one of the steady period)",
+             (unsigned long long)t->ev[before].iteration.iteration);
     return true;
   }
   *from = 0;

@@ -13,7 +13,7 @@ static void usage(FILE *f) {
           "usage: psshim-report FILE [options]\n"
           "\n"
           "Reads a trace written by libpsshim.so (PSSHIM_TRACE=FILE) and prints a summary: the run,\n"
-          "time per phase (warm-up and steady iterations), a DATA MOVE table of every kind of\n"
+          "time per phase (warm-up, steady and later iterations), a DATA MOVE table of every kind of\n"
           "transfer, the top allocation sites, and where each chunk lived.\n"
           "\n"
           "options:\n"

@@ -50,47 +50,36 @@ static void run_header(const struct rp_trace *t, FILE *f) {
   if (shown > 20) fprintf(f, "  note        ... and %zu more\n", shown - 20);
 }
 
-/* The first ITERATION record of the last run of records with one period (0: none). The
- * tracer may take a stretch that repeats early in a run for the iteration before the step's
- * own period (on the 2.68B GPT's trace, periods of 36 and 40 launches in its first step):
- * only the last period is the steady phase. Lists the earlier periods in `earlier`. */
-static size_t steady_start(const struct rp_trace *t, char *earlier, size_t len) {
-  size_t start = SIZE_MAX, used = 0;
-  uint64_t period = 0;
-  earlier[0] = 0;
-  for (size_t i = 0; i < t->nev; i++) {
-    const struct pst_record *r = &t->ev[i];
-    if (r->type != PST_REC_ITERATION || (start != SIZE_MAX && r->iteration.period == period)) continue;
-    if (start != SIZE_MAX && period && used < len) {
-      int n = snprintf(earlier + used, len - used, "%s%llu", used ? ", " : "", (unsigned long long)period);
-      used += n > 0 ? (size_t)n : 0;
-    }
-    start = i;
-    period = r->iteration.period;
-  }
-  return period ? start : SIZE_MAX;
+/* Appends period to list ("36, 40") unless it is 0 or the list is full. */
+static void list_period(char *list, size_t len, uint64_t period) {
+  size_t used = strlen(list);
+  if (period && used + 24 < len)
+    snprintf(list + used, len - used, "%s%llu", used ? ", " : "", (unsigned long long)period);
 }
 
-/* Per phase: iterations between consecutive ITERATION records, steady from the first record
- * of the last period on (steady_start). */
+/* Per phase: iterations between consecutive ITERATION records. Steady: those between the
+ * marks of rp_steady_marks; warm-up: those before; later: those after (another loop). */
 static void phases(const struct rp_trace *t, FILE *f) {
-  struct acc { size_t iters, launches; double secs, min, max; uint64_t moved; } ph[2] = { 0 };
-  const char *names[2] = { "warm-up", "steady" };
-  char earlier[96];
-  size_t prev = SIZE_MAX, launches = 0, steady = steady_start(t, earlier, sizeof earlier);
-  uint64_t moved = 0, first = 0;
+  struct acc { size_t iters, launches; double secs, min, max; uint64_t moved; } ph[3] = { 0 };
+  const char *names[3] = { "warm-up", "steady", "later" };
+  char other[2][96] = { "", "" }; /* periods of the marks before and after the steady ones */
+  size_t first = SIZE_MAX, last = SIZE_MAX, prev = SIZE_MAX, launches = 0;
+  uint64_t moved = 0, first_ns = 0;
+  rp_steady_marks(t, &first, &last); /* untouched where no mark has a period: all warm-up */
   fprintf(f, "\nPHASES\n");
   for (size_t i = 0; i < t->nev; i++) {
     const struct pst_record *r = &t->ev[i];
     if (r->type == PST_REC_LAUNCH) launches++;
     if (r->type == PST_REC_MIGRATION) moved += r->migration.bytes;
     if (r->type != PST_REC_ITERATION) continue;
+    bool new_period = prev == SIZE_MAX || r->iteration.period != t->ev[prev].iteration.period;
+    if (new_period && (i < first || (last != SIZE_MAX && i > last)))
+      list_period(other[i > first], sizeof other[0], r->iteration.period);
     if (prev == SIZE_MAX) {
-      first = r->ts_ns;
+      first_ns = r->ts_ns;
     } else {
-      const struct pst_record *p = &t->ev[prev];
-      struct acc *a = &ph[steady != SIZE_MAX && prev >= steady];
-      const double s = (double)(r->ts_ns - p->ts_ns) / 1e9;
+      struct acc *a = &ph[prev < first ? 0 : i <= last ? 1 : 2];
+      const double s = (double)(r->ts_ns - t->ev[prev].ts_ns) / 1e9;
       if (!a->iters || s < a->min) a->min = s;
       if (s > a->max) a->max = s;
       a->iters++;
@@ -106,22 +95,23 @@ static void phases(const struct rp_trace *t, FILE *f) {
     fprintf(f, "  no ITERATION records: the run is one phase of %.3f s\n", rp_secs(t, t->t1));
     return;
   }
-  fprintf(f, "  before the first iteration mark: %.3f s\n", rp_secs(t, first));
+  fprintf(f, "  before the first iteration mark: %.3f s\n", rp_secs(t, first_ns));
   fprintf(f, "  %-8s %10s %10s %10s %10s %10s %12s %14s\n", "phase", "iterations", "total s", "mean s",
           "min s", "max s", "launches/it", "paged MB/it");
-  for (int k = 0; k < 2; k++) {
+  for (int k = 0; k < 3; k++) {
     const struct acc *a = &ph[k];
     if (!a->iters) continue;
     fprintf(f, "  %-8s %10zu %10.3f %10.4f %10.4f %10.4f %12.0f %14.1f\n", names[k], a->iters, a->secs,
             a->secs / (double)a->iters, a->min, a->max, (double)a->launches / (double)a->iters,
             (double)a->moved / MB / (double)a->iters);
   }
-  if (earlier[0])
+  if (other[0][0])
     fprintf(f, "  warm-up marks also came from periods taken for the iteration before the steady one: %s launches\n",
-            earlier);
-  const struct pst_record *last = &t->ev[prev];
+            other[0]);
+  if (other[1][0])
+    fprintf(f, "  later marks came from other periods than the steady one (another loop): %s launches\n", other[1]);
   fprintf(f, "  after the last mark (iteration %llu): %.3f s until the trace ends, not counted above\n",
-          (unsigned long long)last->iteration.iteration, rp_secs(t, t->t1) - rp_secs(t, last->ts_ns));
+          (unsigned long long)t->ev[prev].iteration.iteration, rp_secs(t, t->t1) - rp_secs(t, t->ev[prev].ts_ns));
 }
 
 static void data_move(const struct rp_trace *t, FILE *f) {

@@ -32,6 +32,10 @@ check "phases: 2 warm-up and 3 steady iterations of 120 launches" \
   bash -c "grep -Eq '^  warm-up +2 ' '$dir/out.txt' && grep -Eq '^  steady +3 ( +[0-9.]+){4} +120 ' '$dir/out.txt'"
 check "phases: the early short period named as warm-up" \
   grep -Eq '^  warm-up marks also came from periods .*: 7 launches$' "$dir/out.txt"
+check "phases: the evaluation loop after training counted apart" \
+  bash -c "grep -Eq '^  later +2 ' '$dir/out.txt' && grep -Eq '^  later marks came from .*: 4 launches$' '$dir/out.txt'"
+check "chunk-size replays the steady period's last iteration" \
+  grep -q 'replaying iteration 4 (the last complete one of the steady period)' "$dir/out.txt"
 check "allocation site symbolized" grep -q 'synth_alloc_params+0x' "$dir/out.txt"
 check "chunk table" grep -Eq '^ +23 +64\.0 ' "$dir/out.txt"
 check "chunk-size ranking" grep -Eq '^  least moved: PSSHIM_CHUNK_SIZE=[0-9]+[KMG]? ' "$dir/out.txt"

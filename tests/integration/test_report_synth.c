@@ -1,7 +1,7 @@
 /* Writes a synthetic psshim trace through the writer API: a 24-layer model in 64 MiB
  * chunks, a 12-chunk GPU budget, six iterations of forward, backward and optimizer with
- * LRU paging, app copies, samples and iteration marks. On a synthetic clock, so the
- * numbers are exact.
+ * LRU paging, then two of an evaluation loop, app copies, samples and iteration marks. On a
+ * synthetic clock, so the numbers are exact.
  *
  * usage: test_report_synth OUT.trace
  * Prints "expect <DATA MOVE row name>|<MB>|<times>" for each kind of transfer it wrote. */
@@ -11,7 +11,7 @@
 
 #include "tracer/tracer.h"
 
-enum { LAYERS = 24, SLOTS = 12, ITERS = 6, WARMUP = 2 };
+enum { LAYERS = 24, SLOTS = 12, ITERS = 6, WARMUP = 2, EVALS = 2 };
 #define MIB (1ull << 20)
 #define CHUNK (64 * MIB)
 #define BASE 0x7f0000000000ull
@@ -126,6 +126,13 @@ static void iteration(int it) {
   pst_trace_flush(); /* the synthetic clock outruns the flush thread's */
 }
 
+/* After training, an evaluation loop with its own period: a forward pass over the last
+ * four layers. */
+static void evaluation(int it) {
+  emit((struct pst_record){ .type = PST_REC_ITERATION, .iteration = { (uint64_t)it, 4 } });
+  for (uint32_t l = LAYERS - 4; l < LAYERS; l++) launch("ampere_bf16_gemm_eval", l, it);
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: test_report_synth OUT.trace\n");
@@ -140,6 +147,7 @@ int main(int argc, char **argv) {
   synth_alloc_params();
   advance(2000000);
   for (int it = 0; it < ITERS; it++) iteration(it);
+  for (int it = ITERS; it < ITERS + EVALS; it++) evaluation(it);
   pst_trace_close();
 
   printf("expect app copy h2d|%.3f|%d\n", 8.0 * ITERS, ITERS);
