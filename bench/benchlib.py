@@ -13,6 +13,8 @@ import os
 import re
 import statistics
 import tempfile
+import threading
+import time
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -147,3 +149,85 @@ def psshim_stats():
     buf = ctypes.create_string_buffer(8192)
     n = fn(buf, len(buf))
     return json.loads(buf.value) if 0 < n < len(buf) else None
+
+
+class PcieCounter:
+    """Bytes over one GPU's PCIe link each way, from NVML's throughput counters. Each read
+    averages the link's bytes over the last 20 ms, so a thread reads them back to back and
+    the bytes over a window are the mean rate of its samples times its length. They count
+    every byte on the link: copies, and kernels reading or writing host memory in place
+    (psshim's host frames), which no copy counter sees. When NVML or the counter is not
+    there, `error` says why and windows give None."""
+
+    TX, RX = 0, 1  # nvmlPcieUtilCounter_t: bytes the device sends (to host) / receives
+
+    def __init__(self, uuid: str | None = None, index: int = 0):
+        self.samples: list[tuple[float, int, float]] = []  # (read's end, counter, bytes/s)
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread = None
+        try:
+            self._nvml = ctypes.CDLL("libnvidia-ml.so.1")
+        except OSError as e:
+            self.error = f"no NVML ({e})"
+            return
+        self._handle = ctypes.c_void_p()
+        if (rc := self._nvml.nvmlInit_v2()) != 0:
+            self.error = f"NVML error {rc} in nvmlInit"
+            return
+        rc = (self._nvml.nvmlDeviceGetHandleByUUID(("GPU-" + uuid.removeprefix("GPU-")).encode(),
+                                                   ctypes.byref(self._handle)) if uuid else
+              self._nvml.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(self._handle)))
+        if rc != 0:
+            self.error = f"NVML error {rc} finding the device ({'UUID ' + uuid if uuid else f'index {index}'})"
+        elif self._read(self.TX) is None:
+            self.error = f"NVML error {self._rc} reading the PCIe counter"
+
+    def _read(self, counter: int) -> float | None:
+        kbps = ctypes.c_uint()
+        self._rc = self._nvml.nvmlDeviceGetPcieThroughput(self._handle, counter, ctypes.byref(kbps))
+        return kbps.value * 1000.0 if self._rc == 0 else None  # NVML's KB/s, read as 1000 B/s
+
+    def _run(self) -> None:
+        counter = self.TX
+        while not self._stop.is_set():
+            start = time.perf_counter()
+            rate = self._read(counter)
+            if rate is None:
+                self.error = f"NVML error {self._rc} reading the PCIe counter"
+                return
+            self.samples.append((time.perf_counter(), counter, rate))
+            counter = self.RX if counter == self.TX else self.TX
+            # A read covers 20 ms: reading more often would only take the GIL from training.
+            self._stop.wait(max(0.0, 0.02 - (time.perf_counter() - start)))
+
+    def start(self) -> "PcieCounter":
+        if self.error is None:
+            self._thread = threading.Thread(target=self._run, name="pcie-counter", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+
+    def window(self, t0: float, t1: float) -> dict | None:
+        """Bytes each way between perf_counter() times t0 and t1 (None: no counter, or a
+        direction with no sample in the window)."""
+        return pcie_window(self.samples, t0, t1) if self.error is None else None
+
+
+def pcie_window(samples, t0: float, t1: float) -> dict | None:
+    """PcieCounter.window over given samples: per direction, the mean rate of the samples
+    whose 20 ms lies in [t0, t1], times t1 - t0."""
+    rates = {PcieCounter.TX: [], PcieCounter.RX: []}
+    for end, counter, rate in samples:
+        if t0 <= end - 0.02 and end <= t1:
+            rates[counter].append(rate)
+    if not rates[PcieCounter.TX] or not rates[PcieCounter.RX]:
+        return None
+    span = t1 - t0
+    return {"h2d_bytes": statistics.fmean(rates[PcieCounter.RX]) * span,
+            "d2h_bytes": statistics.fmean(rates[PcieCounter.TX]) * span,
+            "samples": len(rates[PcieCounter.TX]) + len(rates[PcieCounter.RX])}

@@ -37,6 +37,11 @@ MEMORY_NOTE = (
     "budget); it includes the CUDA context and other processes. A counter that cannot be "
     "read is recorded as null."
 )
+PCIE_NOTE = (
+    "bytes over the GPU's PCIe link each way per step (median of the steps after warm-up), "
+    "from NVML's throughput counters read back to back on a thread (each read averages 20 ms, "
+    "KB/s taken as 1000 B/s): copies and kernels' in-place reads and writes of host memory alike"
+)
 
 # ----------------------------------------------------------------------------- options
 
@@ -534,12 +539,26 @@ def psshim_step(before, after) -> dict | None:
     return {"period": after.get("period"), **{k: after[k] - before[k] for k in PSSHIM_STEP_FIELDS if k in after}}
 
 
+def pcie_counter(device: torch.device) -> benchlib.PcieCounter | None:
+    """Bytes over the device's PCIe link, sampled from NVML (benchlib.PcieCounter)."""
+    if device.type != "cuda":
+        return None
+    uuid = str(getattr(torch.cuda.get_device_properties(device), "uuid", "") or "")
+    if not uuid and os.environ.get("CUDA_VISIBLE_DEVICES"):
+        return None  # NVML counts every GPU: the index would not be torch's
+    return benchlib.PcieCounter(uuid or None, device.index or 0).start()
+
+
 def finish_result(res: dict, a: argparse.Namespace, init_mem: dict) -> None:
     warm = min(a.warmup, max(len(res["step_times_s"]) - 1, 0))
     med = benchlib.median(res["step_times_s"][warm:])
     res.update(warmup_steps=warm, median_step_s=med,
                tflops=res["flops_per_step"] / med / 1e12 if med else None,
                memory=summarize_memory(init_mem, res["steps"]))
+    pcie = [s["pcie"] for s in res["steps"][warm:] if s.get("pcie")]
+    if pcie:  # the steps after warm-up, as median_step_s
+        res["pcie"].update(h2d_bytes_per_step=benchlib.median([p["h2d_bytes"] for p in pcie]),
+                           d2h_bytes_per_step=benchlib.median([p["d2h_bytes"] for p in pcie]), steps=len(pcie))
 
 
 def train(a: argparse.Namespace, res: dict) -> dict:
@@ -562,6 +581,9 @@ def train(a: argparse.Namespace, res: dict) -> dict:
     synchronize(device)
     init_mem = memory_now(device)
     res["memory"] = summarize_memory(init_mem, [])
+    pcie = pcie_counter(device)
+    res["pcie"] = {"basis": PCIE_NOTE, "error": "not a CUDA device, or CUDA_VISIBLE_DEVICES without a UUID"
+                   if pcie is None else pcie.error}
     say(f"gpt_train: {res['mode']} {res['param_count'] / 1e6:.1f}M params on "
         f"{res['device_name']}, torch {torch.__version__}, world size {res['world_size']}")
     for step in range(a.steps):
@@ -575,7 +597,8 @@ def train(a: argparse.Namespace, res: dict) -> dict:
         value = loss.float().item()
         rec = {"step": step, "loss_hex": float.hex(value), "loss": value, "time_s": dt,
                "tflops": res["flops_per_step"] / dt / 1e12, **memory_now(device),
-               "psshim": psshim_step(before, benchlib.psshim_stats())}
+               "psshim": psshim_step(before, benchlib.psshim_stats()),
+               "pcie": pcie.window(t0, t0 + dt) if pcie else None}
         res["steps"].append(rec)
         res["loss_hex"].append(rec["loss_hex"])
         res["loss"].append(value)
@@ -584,6 +607,9 @@ def train(a: argparse.Namespace, res: dict) -> dict:
         say(step_line(rec))
         if a.json:  # after every step: a run killed by a timeout keeps the steps it made
             benchlib.write_json(json_path(a), res)
+    if pcie:
+        pcie.stop()
+        res["pcie"]["error"] = pcie.error
     if a.profile:
         res["profile"] = profile_step(model, opt, inputs, targets, autocast, device)
         p = res["profile"]

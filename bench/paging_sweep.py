@@ -20,7 +20,10 @@ timeout:
 Per run it records the median step time (warm-up excluded), TFLOPS, bytes copied per step
 each way and the achieved copy bandwidth (bytes per step / step time), the lower bound
 max(native step, H2D bytes / 55.4e9, D2H bytes / 55.3e9, both / 96.4e9) from the copy
-rates measured on the H200 (DESIGN.md), bitwise loss match against the native run
+rates measured on the H200 (DESIGN.md), the bytes that crossed PCIe each way per step as
+NVML's counters saw them (gpt_train.py's "pcie": copies and kernels' in-place reads of host
+memory alike, which psshim's copy counters miss) and the same bound from those bytes
+("PCIe bound"), bitwise loss match against the native run
 (--deterministic), and OOM / timeout / error. It writes one JSON (--out, rewritten after
 every run so a killed sweep keeps what it measured), a PNG plot, and prints a table last.
 """
@@ -325,6 +328,13 @@ def record(run: Run, outcome: dict, native: dict | None) -> dict:
                device_name=result.get("device_name"), torch_version=result.get("torch_version"))
     if stats is not None:
         rec["psshim_stats"] = stats
+    pcie = result.get("pcie") or {}
+    if pcie.get("h2d_bytes_per_step") is not None:
+        rec.update(pcie_h2d_per_step=pcie["h2d_bytes_per_step"], pcie_d2h_per_step=pcie["d2h_bytes_per_step"])
+        rec["pcie_bound_s"] = lower_bound((native or {}).get("median_step_s", step), rec["pcie_h2d_per_step"],
+                                          rec["pcie_d2h_per_step"])
+    elif pcie.get("error"):
+        rec["pcie_error"] = pcie["error"]
     if run.method == "native" or not rec["steps_run"]:
         return rec
     rec.update(copy_bytes(run, result, stats, (native or {}).get("param_count")))
@@ -381,10 +391,13 @@ def table(sweep: dict) -> str:
             benchlib.fmt(bound),
             benchlib.fmt(bound / r["median_step_s"] if bound and r.get("median_step_s") else None,
                          ".0%"),
+            f"{r['pcie_h2d_per_step'] / 1e9:.2f}/{r['pcie_d2h_per_step'] / 1e9:.2f}" if "pcie_h2d_per_step" in r else "-",
+            benchlib.fmt(r.get("pcie_bound_s")),
             loss])
     return benchlib.format_table(
         ["ratio", "budget GiB", "method", "status", "step s", "TFLOPS", "H2D GB/step",
-         "D2H GB/step", "H2D GB/s", "D2H GB/s", "bound s", "bound/step", "losses"], rows)
+         "D2H GB/step", "H2D GB/s", "D2H GB/s", "bound s", "bound/step", "PCIe GB in/out",
+         "PCIe bound s", "losses"], rows)
 
 
 def pager_table(sweep: dict) -> str | None:
