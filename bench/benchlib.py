@@ -161,7 +161,8 @@ class PcieCounter:
 
     TX, RX = 0, 1  # nvmlPcieUtilCounter_t: bytes the device sends (to host) / receives
 
-    def __init__(self, uuid: str | None = None, index: int = 0):
+    def __init__(self, uuid: str | None = None, index: int | None = 0):
+        """The device by UUID, else (or if NVML does not know that UUID) by NVML index."""
         self.samples: list[tuple[float, int, float]] = []  # (read's end, counter, bytes/s)
         self.error: str | None = None
         self._stop = threading.Event()
@@ -175,11 +176,14 @@ class PcieCounter:
         if (rc := self._nvml.nvmlInit_v2()) != 0:
             self.error = f"NVML error {rc} in nvmlInit"
             return
-        rc = (self._nvml.nvmlDeviceGetHandleByUUID(("GPU-" + uuid.removeprefix("GPU-")).encode(),
-                                                   ctypes.byref(self._handle)) if uuid else
-              self._nvml.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(self._handle)))
+        rc = -1
+        if uuid:
+            rc = self._nvml.nvmlDeviceGetHandleByUUID(("GPU-" + uuid.removeprefix("GPU-")).encode(),
+                                                      ctypes.byref(self._handle))
+        if rc != 0 and index is not None:
+            rc = self._nvml.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(self._handle))
         if rc != 0:
-            self.error = f"NVML error {rc} finding the device ({'UUID ' + uuid if uuid else f'index {index}'})"
+            self.error = f"NVML error {rc} finding the device (UUID {uuid}, index {index})"
         elif self._read(self.TX) is None:
             self.error = f"NVML error {self._rc} reading the PCIe counter"
 

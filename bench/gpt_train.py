@@ -544,9 +544,9 @@ def pcie_counter(device: torch.device) -> benchlib.PcieCounter | None:
     if device.type != "cuda":
         return None
     uuid = str(getattr(torch.cuda.get_device_properties(device), "uuid", "") or "")
-    if not uuid and os.environ.get("CUDA_VISIBLE_DEVICES"):
-        return None  # NVML counts every GPU: the index would not be torch's
-    return benchlib.PcieCounter(uuid or None, device.index or 0).start()
+    # NVML numbers every GPU: under CUDA_VISIBLE_DEVICES torch's index is not NVML's.
+    index = None if os.environ.get("CUDA_VISIBLE_DEVICES") else device.index or 0
+    return benchlib.PcieCounter(uuid or None, index).start()
 
 
 def finish_result(res: dict, a: argparse.Namespace, init_mem: dict) -> None:
@@ -582,8 +582,7 @@ def train(a: argparse.Namespace, res: dict) -> dict:
     init_mem = memory_now(device)
     res["memory"] = summarize_memory(init_mem, [])
     pcie = pcie_counter(device)
-    res["pcie"] = {"basis": PCIE_NOTE, "error": "not a CUDA device, or CUDA_VISIBLE_DEVICES without a UUID"
-                   if pcie is None else pcie.error}
+    res["pcie"] = {"basis": PCIE_NOTE, "error": "not a CUDA device" if pcie is None else pcie.error}
     say(f"gpt_train: {res['mode']} {res['param_count'] / 1e6:.1f}M params on "
         f"{res['device_name']}, torch {torch.__version__}, world size {res['world_size']}")
     for step in range(a.steps):
