@@ -160,6 +160,7 @@ class PcieCounter:
     there, `error` says why and windows give None."""
 
     TX, RX = 0, 1  # nvmlPcieUtilCounter_t: bytes the device sends (to host) / receives
+    LIBRARY = "libnvidia-ml.so.1"
 
     def __init__(self, uuid: str | None = None, index: int | None = 0):
         """The device by UUID, else (or if NVML does not know that UUID) by NVML index."""
@@ -168,10 +169,14 @@ class PcieCounter:
         self._stop = threading.Event()
         self._thread = None
         try:
-            self._nvml = ctypes.CDLL("libnvidia-ml.so.1")
+            self._nvml = ctypes.CDLL(self.LIBRARY)
+            self._open(uuid, index)
         except OSError as e:
             self.error = f"no NVML ({e})"
-            return
+        except AttributeError as e:  # an NVML without one of the calls
+            self.error = f"NVML lacks a call ({e})"
+
+    def _open(self, uuid: str | None, index: int | None) -> None:
         self._handle = ctypes.c_void_p()
         if (rc := self._nvml.nvmlInit_v2()) != 0:
             self.error = f"NVML error {rc} in nvmlInit"

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""bench/benchlib.py's PCIe byte counts: the window arithmetic on made-up samples, and a
-counter that cannot read NVML (as on a machine without the NVIDIA driver) saying so."""
+"""bench/benchlib.py's PCIe byte counts: the window arithmetic on made-up samples, then the
+counter's thread reading tests/fakecuda's NVML (on LD_LIBRARY_PATH: 1 GB/s out, 2 GB/s in),
+finding the device by UUID or index, and saying why when it cannot."""
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
 import benchlib  # noqa: E402
@@ -19,8 +21,24 @@ assert abs(w["h2d_bytes"] - 5e9 * 0.1) < 1, w
 assert w["samples"] == 4, w
 assert benchlib.pcie_window(samples[:2], 1.0, 1.1) is None, "a direction without samples gave bytes"
 
-counter = benchlib.PcieCounter(index=0).start()
-counter.stop()
-if counter.error:
-    assert counter.window(0.0, 1e9) is None, "a counter that failed gave bytes"
-print(f"pcie window ok; NVML here: {counter.error or 'read'}")
+for uuid, index in (("fake-0", None), ("GPU-fake-0", None), ("no-such-gpu", 0)):
+    counter = benchlib.PcieCounter(uuid, index).start()
+    assert counter.error is None, f"{uuid}, {index}: {counter.error}"
+    t0 = time.perf_counter()
+    time.sleep(0.4)
+    t1 = time.perf_counter()
+    counter.stop()
+    w = counter.window(t0, t1)
+    assert w and w["samples"] >= 8, (uuid, w, len(counter.samples))
+    assert abs(w["h2d_bytes"] / (2e9 * (t1 - t0)) - 1) < 1e-6, w
+    assert abs(w["d2h_bytes"] / (1e9 * (t1 - t0)) - 1) < 1e-6, w
+
+missing = benchlib.PcieCounter("no-such-gpu", None)
+assert missing.error and "finding the device" in missing.error, missing.error
+assert missing.start().window(0.0, 1e9) is None, "a counter with no device gave bytes"
+missing.stop()
+
+benchlib.PcieCounter.LIBRARY = "libnvidia-ml-absent.so.1"
+absent = benchlib.PcieCounter()
+assert absent.error and absent.error.startswith("no NVML"), absent.error
+print("pcie counter ok")
