@@ -41,7 +41,7 @@ w, run = sys.argv[1], sys.argv[2]
 summary = {}
 native = json.load(open("bench/results/paging_sweep_gpt2.7b_run14.json"))["native"]["loss_hex"]
 print(f"{'run':18s} {'=native':7s} {'median':>7s} {'plan ms':>8s} {'move ms':>8s} {'wait ms':>8s} {'in':>5s} {'out':>5s} "
-      f"{'host GiB':>8s} {'fill %':>6s}  step times (s)")
+      f"{'host GiB':>8s} {'fill %':>6s} {'PCIe GB in/out':>14s}  step times (s)")
 for path in sorted(glob.glob(os.path.join(w, "*.psshim.json"))):
     name = os.path.basename(path)[:-len(".psshim.json")]
     try:
@@ -52,11 +52,15 @@ for path in sorted(glob.glob(os.path.join(w, "*.psshim.json"))):
     n = max(len(r["step_times_s"]), 1)
     per = lambda k: s.get(k, 0) / n / 1e6
     same = "yes" if r["loss_hex"] == native[:len(r["loss_hex"])] else "NO"
+    p = r.get("pcie") or {}  # bytes NVML saw cross PCIe, medians after warm-up (gpt_train)
+    pcie = f"{p['h2d_bytes_per_step'] / 1e9:.1f}/{p['d2h_bytes_per_step'] / 1e9:.1f}" if "h2d_bytes_per_step" in p else "-"
     if not r.get("finished", True):  # cut by STUDY_TIMEOUT: the steps it made
         name += " (cut)"
     print(f"{name:18s} {same:7s} {r['median_step_s']:7.3f} {per('plan_ns'):8.1f} {per('move_ns'):8.1f} "
           f"{per('runahead_wait_ns'):8.1f} {s['migrations_to_gpu']:5d} {s['migrations_to_host']:5d} "
-          f"{s['peak_host_bytes'] / 2**30:8.2f} {s['chunk_fill_pct']:6.1f}  " + " ".join(f"{t:.2f}" for t in r["step_times_s"]))
+          f"{s['peak_host_bytes'] / 2**30:8.2f} {s['chunk_fill_pct']:6.1f} {pcie:>14s}  " + " ".join(f"{t:.2f}" for t in r["step_times_s"]))
+    if p.get("error"):
+        print(f"{'':18s} PCIe counter: {p['error']}")
     per_step = [x.get("psshim") or {} for x in r.get("steps", [])]
     if any(per_step):
         for k in ("plan", "move", "scan", "poll", "frame_wait", "frame_make"):
