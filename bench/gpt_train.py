@@ -126,6 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "prints, and each rank writes --json, rank r > 0 to PATH.rank<r>")
     g = p.add_argument_group("output")
     g.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
+    g.add_argument("--pcie", action=argparse.BooleanOptionalAction, default=True,
+                   help="record the bytes that cross the GPU's PCIe link each way per step, from NVML's "
+                        "throughput counters read on a thread (--no-pcie: no thread, e.g. to see that it "
+                        "costs the step nothing)")
     g.add_argument("--profile", action="store_true",
                    help="after the timed steps, run one more under torch.profiler and record in the JSON "
                         "where its GPU time went: kernels, copies and memsets, the share of the step the GPU "
@@ -581,8 +585,9 @@ def train(a: argparse.Namespace, res: dict) -> dict:
     synchronize(device)
     init_mem = memory_now(device)
     res["memory"] = summarize_memory(init_mem, [])
-    pcie = pcie_counter(device)
-    res["pcie"] = {"basis": PCIE_NOTE, "error": "not a CUDA device" if pcie is None else pcie.error}
+    pcie = pcie_counter(device) if a.pcie else None
+    res["pcie"] = {"basis": PCIE_NOTE, "error": "--no-pcie" if not a.pcie else
+                   "not a CUDA device" if pcie is None else pcie.error}
     say(f"gpt_train: {res['mode']} {res['param_count'] / 1e6:.1f}M params on "
         f"{res['device_name']}, torch {torch.__version__}, world size {res['world_size']}")
     for step in range(a.steps):
