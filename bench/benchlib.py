@@ -160,6 +160,7 @@ class PcieCounter:
     there, `error` says why and windows give None."""
 
     TX, RX = 0, 1  # nvmlPcieUtilCounter_t: bytes the device sends (to host) / receives
+    READ_S = 0.02  # what one read of the counter averages over
     LIBRARY = "libnvidia-ml.so.1"
 
     def __init__(self, uuid: str | None = None, index: int | None = 0):
@@ -189,13 +190,17 @@ class PcieCounter:
             rc = self._nvml.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(self._handle))
         if rc != 0:
             self.error = f"NVML error {rc} finding the device (UUID {uuid}, index {index})"
-        elif self._read(self.TX) is None:
-            self.error = f"NVML error {self._rc} reading the PCIe counter"
+        else:
+            self._read(self.TX)
 
     def _read(self, counter: int) -> float | None:
+        """Bytes/s (NVML's KB/s, read as 1000 B/s); None, with `error` set, on failure."""
         kbps = ctypes.c_uint()
-        self._rc = self._nvml.nvmlDeviceGetPcieThroughput(self._handle, counter, ctypes.byref(kbps))
-        return kbps.value * 1000.0 if self._rc == 0 else None  # NVML's KB/s, read as 1000 B/s
+        rc = self._nvml.nvmlDeviceGetPcieThroughput(self._handle, counter, ctypes.byref(kbps))
+        if rc != 0:
+            self.error = f"NVML error {rc} reading the PCIe counter"
+            return None
+        return kbps.value * 1000.0
 
     def _run(self) -> None:
         counter = self.TX
@@ -203,12 +208,11 @@ class PcieCounter:
             start = time.perf_counter()
             rate = self._read(counter)
             if rate is None:
-                self.error = f"NVML error {self._rc} reading the PCIe counter"
                 return
             self.samples.append((time.perf_counter(), counter, rate))
             counter = self.RX if counter == self.TX else self.TX
-            # A read covers 20 ms: reading more often would only take the GIL from training.
-            self._stop.wait(max(0.0, 0.02 - (time.perf_counter() - start)))
+            # Reading more often than a read covers would only take the GIL from training.
+            self._stop.wait(max(0.0, self.READ_S - (time.perf_counter() - start)))
 
     def start(self) -> "PcieCounter":
         if self.error is None:
@@ -229,10 +233,10 @@ class PcieCounter:
 
 def pcie_window(samples, t0: float, t1: float) -> dict | None:
     """PcieCounter.window over given samples: per direction, the mean rate of the samples
-    whose 20 ms lies in [t0, t1], times t1 - t0."""
+    whose READ_S lies in [t0, t1], times t1 - t0."""
     rates = {PcieCounter.TX: [], PcieCounter.RX: []}
     for end, counter, rate in samples:
-        if t0 <= end - 0.02 and end <= t1:
+        if t0 <= end - PcieCounter.READ_S and end <= t1:
             rates[counter].append(rate)
     if not rates[PcieCounter.TX] or not rates[PcieCounter.RX]:
         return None

@@ -73,7 +73,7 @@ static void phases(const struct rp_trace *t, FILE *f) {
     if (r->type == PST_REC_MIGRATION) moved += r->migration.bytes;
     if (r->type != PST_REC_ITERATION) continue;
     bool new_period = prev == SIZE_MAX || r->iteration.period != t->ev[prev].iteration.period;
-    if (new_period && (i < first || (last != SIZE_MAX && i > last)))
+    if (new_period && (i < first || i > last))
       list_period(other[i > first], sizeof other[0], r->iteration.period);
     if (prev == SIZE_MAX) {
       first_ns = r->ts_ns;
