@@ -23,7 +23,9 @@ max(native step, H2D bytes / 55.4e9, D2H bytes / 55.3e9, both / 96.4e9) from the
 rates measured on the H200 (DESIGN.md), the bytes that crossed PCIe each way per step as
 NVML's counters saw them (gpt_train.py's "pcie": copies and kernels' in-place reads of host
 memory alike, which psshim's copy counters miss) and the same bound from those bytes
-("PCIe bound"), bitwise loss match against the native run
+("PCIe bound") and native step plus their time on the link ("PCIe serial": the step if
+no byte crossed while compute ran, as with reads in place by a serial optimizer step),
+bitwise loss match against the native run
 (--deterministic), and OOM / timeout / error. It writes one JSON (--out, rewritten after
 every run so a killed sweep keeps what it measured), a PNG plot, and prints a table last.
 """
@@ -294,11 +296,16 @@ def copy_bytes(run: Run, result: dict, stats, params: int | None) -> dict:
     return {"bytes_h2d_per_step": 0.0, "bytes_d2h_per_step": 0.0, "bytes_basis": "no paging"}
 
 
+def link_s(h2d: float, d2h: float) -> float:
+    """Seconds these bytes take on the link at the copy rates measured on the H200."""
+    return max(h2d / benchlib.H2D_BYTES_PER_S, d2h / benchlib.D2H_BYTES_PER_S,
+               (h2d + d2h) / benchlib.DUPLEX_BYTES_PER_S)
+
+
 def lower_bound(native_step: float | None, h2d: float | None, d2h: float | None):
     if native_step is None or h2d is None or d2h is None:
         return None
-    return max(native_step, h2d / benchlib.H2D_BYTES_PER_S, d2h / benchlib.D2H_BYTES_PER_S,
-               (h2d + d2h) / benchlib.DUPLEX_BYTES_PER_S)
+    return max(native_step, link_s(h2d, d2h))
 
 
 def record(run: Run, outcome: dict, native: dict | None) -> dict:
@@ -331,8 +338,11 @@ def record(run: Run, outcome: dict, native: dict | None) -> dict:
     pcie = result.get("pcie") or {}
     if pcie.get("h2d_bytes_per_step") is not None:
         rec.update(pcie_h2d_per_step=pcie["h2d_bytes_per_step"], pcie_d2h_per_step=pcie["d2h_bytes_per_step"])
-        rec["pcie_bound_s"] = lower_bound((native or {}).get("median_step_s", step), rec["pcie_h2d_per_step"],
-                                          rec["pcie_d2h_per_step"])
+        native_step = (native or {}).get("median_step_s", step)
+        rec["pcie_bound_s"] = lower_bound(native_step, rec["pcie_h2d_per_step"], rec["pcie_d2h_per_step"])
+        # The step if no byte on the link overlapped compute, as reads in place by a
+        # serial optimizer step cannot.
+        rec["pcie_serial_s"] = native_step + link_s(rec["pcie_h2d_per_step"], rec["pcie_d2h_per_step"])
     elif pcie.get("error"):
         rec["pcie_error"] = pcie["error"]
     if run.method == "native" or not rec["steps_run"]:
@@ -392,12 +402,12 @@ def table(sweep: dict) -> str:
             benchlib.fmt(bound / r["median_step_s"] if bound and r.get("median_step_s") else None,
                          ".0%"),
             f"{r['pcie_h2d_per_step'] / 1e9:.2f}/{r['pcie_d2h_per_step'] / 1e9:.2f}" if "pcie_h2d_per_step" in r else "-",
-            benchlib.fmt(r.get("pcie_bound_s")),
+            benchlib.fmt(r.get("pcie_bound_s")), benchlib.fmt(r.get("pcie_serial_s")),
             loss])
     return benchlib.format_table(
         ["ratio", "budget GiB", "method", "status", "step s", "TFLOPS", "H2D GB/step",
          "D2H GB/step", "H2D GB/s", "D2H GB/s", "bound s", "bound/step", "PCIe GB in/out",
-         "PCIe bound s", "losses"], rows)
+         "PCIe bound s", "PCIe serial s", "losses"], rows)
 
 
 def pager_table(sweep: dict) -> str | None:
