@@ -533,14 +533,19 @@ def base_result(a: argparse.Namespace) -> dict:
 
 PSSHIM_STEP_FIELDS = ("plan_ns", "move_ns", "remap_ns", "scan_ns", "poll_ns", "frame_wait_ns", "frame_make_ns",
                       "runahead_wait_ns", "plans", "migrations_to_gpu", "migrations_to_host", "bytes_h2d",
-                      "bytes_d2h", "touches_host", "share_rounds", "share_round_ns", "shares", "unshares")
+                      "bytes_d2h", "touches_gpu", "touches_host", "share_rounds", "share_round_ns", "shares",
+                      "unshares")
+# Levels at the step's end: whether host frames creep up from step to step.
+PSSHIM_STEP_LEVELS = ("gpu_frames", "host_frames", "live_bytes")
 
 
 def psshim_step(before, after) -> dict | None:
-    """What psshim did during one step: the growth of PSSHIM_STEP_FIELDS, with the period."""
+    """What psshim did during one step: the growth of PSSHIM_STEP_FIELDS, with the period and
+    PSSHIM_STEP_LEVELS at its end."""
     if not before or not after:
         return None
-    return {"period": after.get("period"), **{k: after[k] - before[k] for k in PSSHIM_STEP_FIELDS if k in after}}
+    return {"period": after.get("period"), **{k: after[k] - before[k] for k in PSSHIM_STEP_FIELDS if k in after},
+            **{k: after[k] for k in PSSHIM_STEP_LEVELS if k in after}}
 
 
 def pcie_counter(device: torch.device) -> benchlib.PcieCounter | None:

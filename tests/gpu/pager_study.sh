@@ -69,6 +69,9 @@ for path in sorted(glob.glob(os.path.join(w, "*.psshim.json"))):
         print(f"{'':18s} moves in/out by step: " +
               " ".join(f"{x.get('migrations_to_gpu', 0)}/{x.get('migrations_to_host', 0)}" for x in per_step))
         print(f"{'':18s} period by step: " + " ".join(str(x.get("period", 0)) for x in per_step))
+        print(f"{'':18s} host frames / host touch % by step: " + " ".join(
+            f"{x.get('host_frames', '-')}/{100 * x['touches_host'] / max(x['touches_host'] + x['touches_gpu'], 1):.0f}"
+            if "touches_gpu" in x else "-" for x in per_step))
     prof = r.get("profile")
     if prof:  # gpt_train --profile (STUDY_TRAIN_ARGS): one more step, under torch.profiler
         print(f"{'':18s} profiled step: " + (prof["error"] if "error" in prof else
