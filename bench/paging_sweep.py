@@ -440,7 +440,8 @@ def pager_table(sweep: dict) -> str | None:
 
 
 def plot(sweep: dict, path: str) -> str | None:
-    """Step time vs ratio per method, with each method's lower bound; None when done."""
+    """Step time vs ratio per method, with each method's lower bound (and for psshim's, native
+    step plus the link time of the bytes NVML saw cross); None when done."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -461,6 +462,10 @@ def plot(sweep: dict, path: str) -> str | None:
         if bounded:
             ax.plot([r["ratio"] for r in bounded], [r["bound_s"] for r in bounded], ":",
                     color=line.get_color(), label=f"{method} lower bound")
+        serial = [r for r in ok if r.get("pcie_serial_s")]
+        if method.startswith("psshim") and serial:  # its in-place traffic does not overlap compute
+            ax.plot([r["ratio"] for r in serial], [r["pcie_serial_s"] for r in serial], "-.", lw=1,
+                    color=line.get_color(), label=f"{method}: native + its PCIe bytes' link time")
         for r in runs:
             if r["status"] not in ("ok", "skipped"):
                 ax.annotate(r["status"].upper(), (r["ratio"], 0.02), color=line.get_color(),
