@@ -8,7 +8,8 @@
 # equal run 14's native ones bitwise, the median of the last 5 of 12 steps, the bytes NVML
 # saw cross PCIe each way per step (gpt_train's "pcie": in-place reads too), the pager's
 # per-step costs from PSSHIM_STATS, every step's time, and each step's plan time, moves,
-# trusted period, host frames at its end and share of chunk touches served from host frames (gpt_train's record of psshim_stats_json); results in $OUT.
+# trusted period, host frames at its end and share of chunk touches served from host
+# frames (gpt_train's record of psshim_stats_json); results in $OUT.
 # STUDY_TRAIN_ARGS adds gpt_train arguments (--profile: where one more step's GPU time went).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
