@@ -11,6 +11,7 @@
 # trusted period, host frames at its end and share of chunk touches served from host
 # frames (gpt_train's record of psshim_stats_json); results in $OUT.
 # STUDY_TRAIN_ARGS adds gpt_train arguments (--profile: where one more step's GPU time went).
+# STUDY_TRACE=1: each run also writes PSSHIM_TRACE, gzipped into $OUT as NAME.trace.gz.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 G=$PWD/.gpu
@@ -33,9 +34,10 @@ for spec in ${STUDY_RUNS:-auto:1.25:256 auto:1.25:2048 auto:2:256 auto:2:2048 st
   start=$(date +%s)
   LD_PRELOAD=$lib PSSHIM_GPU_BUDGET=$budget PSSHIM_POLICY=$policy PSSHIM_RUNAHEAD=$runahead \
     PSSHIM_STATS=$W/$name.psshim.json timeout "${STUDY_TIMEOUT:-150}" \
-    env ${rate:+PSSHIM_INPLACE_RATE=$rate} ${chunk:+PSSHIM_CHUNK_SIZE=$chunk} python3 bench/gpt_train.py --preset gpt2.7b \
+    env ${rate:+PSSHIM_INPLACE_RATE=$rate} ${STUDY_TRACE:+PSSHIM_TRACE=$W/$name.trace} ${chunk:+PSSHIM_CHUNK_SIZE=$chunk} python3 bench/gpt_train.py --preset gpt2.7b \
     --steps 12 --warmup 7 --deterministic --json "$W/$name.json" ${STUDY_TRAIN_ARGS:-} >"$W/$name.log" 2>&1
   echo "$name: rc $? in $(($(date +%s) - start)) s" >>"$OUT/study_$RUN.txt"
+  [ -n "${STUDY_TRACE:-}" ] && [ -f "$W/$name.trace" ] && gzip -c "$W/$name.trace" >"$OUT/$name.trace.gz"
 done
 python3 - "$W" "$RUN" >>"$OUT/study_$RUN.txt" <<'PY'
 import glob, json, os, sys
