@@ -25,7 +25,13 @@ while IFS='|' read -r label mb times; do
     awk -v l="  $label" -v mb="$mb" -v n="$times" \
       'index($0, l) == 1 { rest = substr($0, length(l) + 1); split(rest, f, " ");
                            if (f[1] == mb && f[2] == n) found = 1 } END { exit !found }' "$dir/out.txt"
-done < "$dir/expect"
+done < <(grep '^expect ' "$dir/expect")
+# At the last peak of live bytes (a step's start), where paging had left the parameters.
+where=$(sed -n 's/^where //p' "$dir/expect")
+check "where: the parameters' site at the peak ($where)" \
+  awk -v w="      where: $where" '/^  #[0-9]+  peak live 1.3 GiB/ { site = 1; next }
+                                  site && /^      where:/ { found = $0 == w; site = 0 } END { exit !found }' "$dir/out.txt"
+check "where: the peak named" grep -Eq "^  where: each site's bytes at the last peak of all live bytes \(1\.3 GiB at [0-9.]+ s\)$" "$dir/out.txt"
 # 8 MB in 0.2 ms, six times: 40000 MB/s.
 check "DATA MOVE: app copy h2d rate" grep -Eq '^  app copy h2d +48\.000 +6 +1\.200 +40000\.0$' "$dir/out.txt"
 check "phases: 2 warm-up and 3 steady iterations of 120 launches" \

@@ -4,7 +4,8 @@
  * synthetic clock, so the numbers are exact.
  *
  * usage: test_report_synth OUT.trace
- * Prints "expect <DATA MOVE row name>|<MB>|<times>" for each kind of transfer it wrote. */
+ * Prints "expect <DATA MOVE row name>|<MB>|<times>" for each kind of transfer it wrote,
+ * and "where <the parameters' site's where line>" at the last peak of live bytes. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,7 @@ static uint64_t now = T0, next_sample = T0;
 static bool on_gpu[LAYERS + 1];
 static uint64_t last_use[LAYERS + 1], nonmodel, launches;
 static uint64_t moved_bytes[2][3], moved_times[2][3]; /* [direction][reason] */
+static uint64_t params_gpu_mib; /* the parameters' MiB on the GPU at the last peak of live bytes */
 
 static void emit(struct pst_record r) {
   if (!r.ts_ns) r.ts_ns = now;
@@ -94,6 +96,10 @@ __attribute__((visibility("default"), noinline)) void synth_alloc_params(void) {
 
 __attribute__((visibility("default"), noinline)) void synth_alloc_workspace(bool alloc) {
   const uint64_t addr = BASE + LAYERS * CHUNK;
+  if (alloc) { /* live bytes peak here, every iteration: the last time is the report's */
+    params_gpu_mib = 0;
+    for (uint32_t l = 0; l < LAYERS; l++) params_gpu_mib += on_gpu[l] ? 56 : 0;
+  }
   if (alloc)
     emit((struct pst_record){ .type = PST_REC_ALLOC, .alloc = { addr, 4 * MIB, 0x100, pst_trace_stack_here(0), LAYERS, PST_PLACE_GPU } });
   else
@@ -150,6 +156,8 @@ int main(int argc, char **argv) {
   for (int it = ITERS; it < ITERS + EVALS; it++) evaluation(it);
   pst_trace_close();
 
+  printf("where %llu MiB on the GPU, %llu MiB in host frames\n", (unsigned long long)params_gpu_mib,
+         (unsigned long long)(LAYERS * 56 - params_gpu_mib));
   printf("expect app copy h2d|%.3f|%d\n", 8.0 * ITERS, ITERS);
   printf("expect app copy d2h|%.3f|%d\n", 0.004 * ITERS, ITERS);
   for (int d = 0; d < 2; d++)
