@@ -28,6 +28,26 @@ else
   record "libpsshim.so loads into torch, serves allocs" FAILED
 fi
 
+# torch's memory counters under backend:cudaMallocAsync come from the current pool's
+# attributes, which psshim answers for its chunks: they must equal psshim's live bytes.
+LD_PRELOAD=$G/libpsshim.so python3 -c "
+import ctypes, json, sys, torch
+lib = ctypes.CDLL(None)
+lib.psshim_stats_json.restype, lib.psshim_stats_json.argtypes = ctypes.c_size_t, [ctypes.c_char_p, ctypes.c_size_t]
+buf = ctypes.create_string_buffer(1 << 16)
+def live():
+    lib.psshim_stats_json(buf, len(buf))
+    return json.loads(buf.value)['live_bytes']
+xs = [torch.empty(n, dtype=torch.uint8, device='cuda') for n in (1 << 20, 3 << 20, 5 << 22)]
+torch.cuda.synchronize()
+a, la = torch.cuda.memory_allocated(), live()
+del xs[2]
+torch.cuda.synchronize()
+b, lb, high = torch.cuda.memory_allocated(), live(), torch.cuda.max_memory_allocated()
+print(f'torch memory_allocated {a} then {b}, psshim live bytes {la} then {lb}, max_memory_allocated {high}')
+sys.exit(0 if a == la and b == lb and b < a <= high else 1)"
+record "torch memory_allocated = psshim live bytes" "$([ $? = 0 ] && echo ok || echo FAILED)"
+
 if [ "${GPU_BUDGET_RUNS:-1}" = 1 ]; then
   python3 bench/budget_runs.py --lib "$G/libpsshim.so" --out "$OUT/budget_runs.json" --logs /tmp/runs \
     --steps 20 -- --preset demo
