@@ -76,6 +76,7 @@ struct rp_map {
 };
 /* False: out of memory. Key 0 is never stored (lookups of 0 find nothing). */
 bool rp_map_put(struct rp_map *m, uint64_t key, uint64_t val);
+bool rp_map_get(const struct rp_map *m, uint64_t key, uint64_t *val); /* false: not there */
 bool rp_map_del(struct rp_map *m, uint64_t key, uint64_t *val);
 void rp_map_free(struct rp_map *m);
 

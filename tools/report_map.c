@@ -42,6 +42,13 @@ static size_t find(const struct rp_map *m, uint64_t key) {
   return SIZE_MAX;
 }
 
+bool rp_map_get(const struct rp_map *m, uint64_t key, uint64_t *val) {
+  const size_t i = find(m, key);
+  if (i == SIZE_MAX) return false;
+  *val = m->vals[i];
+  return true;
+}
+
 bool rp_map_del(struct rp_map *m, uint64_t key, uint64_t *val) {
   size_t i = find(m, key);
   if (i == SIZE_MAX) return false;

@@ -164,7 +164,7 @@ static void data_move(const struct rp_trace *t, FILE *f) {
             (unsigned long long)paging.times, (double)paging.ns / 1e6);
 }
 
-struct site { uint32_t stack; uint64_t bytes, allocs, live, peak, at_gpu, at_host; };
+struct site { uint32_t stack; uint64_t bytes, allocs, live, peak, at_gpu, at_host, in_place, in_place_bytes; };
 static int by_peak(const void *a, const void *b) {
   const struct site *x = a, *y = b;
   if (x->peak != y->peak) return x->peak > y->peak ? -1 : 1;
@@ -184,62 +184,65 @@ static void print_stack(const struct rp_trace *t, uint32_t id, FILE *f) {
   if (s->depth > 8) fprintf(f, "      ... %u more frames\n", s->depth - 8);
 }
 
-/* Where each chunk is (enum rp_where) at every event up to index `upto`, from its frame
- * events and migrations; NULL when the header gives no chunk geometry to index by. */
-static uint8_t *chunk_places(const struct rp_trace *t, size_t upto, size_t *n) {
-  const uint64_t size = t->hdr.chunk_size;
-  *n = size ? t->hdr.space_size / size : 0;
-  if (!*n || *n > (1u << 26)) return NULL; /* none, or a damaged header */
-  uint8_t *where = calloc(*n, 1);
-  for (size_t i = 0; where && i <= upto && i < t->nev; i++) {
-    const struct pst_record *r = &t->ev[i];
-    if (r->type == PST_REC_CHUNK && r->chunk.id < *n && r->chunk.event != PST_CHUNK_CREATED)
-      where[r->chunk.id] = r->chunk.event == PST_CHUNK_FRAME_GPU ? RP_GPU
-                           : r->chunk.event == PST_CHUNK_FRAME_HOST ? RP_HOST : RP_NONE;
-    else if (r->type == PST_REC_MIGRATION && r->migration.chunk < *n)
-      where[r->migration.chunk] = r->migration.direction == PST_DIR_H2D ? RP_GPU : RP_HOST;
-  }
-  return where;
+/* Chunk ids index by the header's geometry; 0 when it gives none (or a damaged one). */
+static size_t chunk_count(const struct rp_trace *t) {
+  const uint64_t n = t->hdr.chunk_size ? t->hdr.space_size / t->hdr.chunk_size : 0;
+  return n <= (1u << 26) ? (size_t)n : 0;
 }
 
-/* Adds each live allocation's bytes, chunk by chunk, to its site's GPU or host count. */
-static void split_live(const struct rp_trace *t, const struct rp_map *live, const uint8_t *where, size_t n,
-                       struct site *site) {
-  const uint64_t base = t->hdr.space_base, size = t->hdr.chunk_size;
-  for (size_t k = 0; k < live->cap; k++) {
-    if (!live->keys[k]) continue;
-    const struct pst_record *a = &t->ev[live->vals[k]];
-    struct site *w = &site[a->alloc.stack < t->nstacks ? a->alloc.stack : 0];
-    const uint64_t lo = a->alloc.addr, hi = lo + a->alloc.size;
-    for (uint64_t at = lo; at < hi && at >= base;) {
-      const uint64_t c = (at - base) / size, end = base + (c + 1) * size < hi ? base + (c + 1) * size : hi;
-      if (c >= n) break;
-      if (where[c] == RP_GPU) w->at_gpu += end - at;
-      if (where[c] == RP_HOST) w->at_host += end - at;
-      at = end;
-    }
+/* Where a chunk is (enum rp_where) after record r: its frame events and migrations. */
+static void place_chunk(uint8_t *where, size_t n, const struct pst_record *r) {
+  if (r->type == PST_REC_CHUNK && r->chunk.id < n && r->chunk.event != PST_CHUNK_CREATED)
+    where[r->chunk.id] = r->chunk.event == PST_CHUNK_FRAME_GPU ? RP_GPU
+                         : r->chunk.event == PST_CHUNK_FRAME_HOST ? RP_HOST : RP_NONE;
+  else if (r->type == PST_REC_MIGRATION && r->migration.chunk < n)
+    where[r->migration.chunk] = r->migration.direction == PST_DIR_H2D ? RP_GPU : RP_HOST;
+}
+
+/* An allocation's bytes in chunks on the GPU and in host frames now. */
+static void split(const struct rp_trace *t, const struct pst_record *a, const uint8_t *where, size_t n,
+                  uint64_t *gpu, uint64_t *host) {
+  const uint64_t base = t->hdr.space_base, size = t->hdr.chunk_size, hi = a->alloc.addr + a->alloc.size;
+  for (uint64_t at = a->alloc.addr; at < hi && at >= base;) {
+    const uint64_t c = (at - base) / size, end = base + (c + 1) * size < hi ? base + (c + 1) * size : hi;
+    if (c >= n) break;
+    if (where[c] == RP_GPU) *gpu += end - at;
+    if (where[c] == RP_HOST) *host += end - at;
+    at = end;
   }
 }
 
-/* Sites by stack id; live bytes follow ALLOC and FREE through a map addr -> ALLOC. A
- * second pass stops at the last peak of all live bytes (a steady step's, not warm-up's)
- * and splits what each site held there between GPU and host frames: what paging left
- * where. */
+static struct site *site_of(const struct rp_trace *t, struct site *site, const struct pst_record *a) {
+  return &site[a->alloc.stack < t->nstacks ? a->alloc.stack : 0];
+}
+
+/* Sites by stack id; live bytes follow ALLOC and FREE through a map addr -> ALLOC, and
+ * chunk residency CHUNK and MIGRATION records. The first pass also counts the launches of
+ * the steady phase (all of them without one) that name a live allocation by its start
+ * address while some of it is in host frames: the kernel reads it there in place, across
+ * PCIe. A second pass stops at the last peak of all live bytes (a steady step's, not
+ * warm-up's) and splits what each site held there between GPU and host frames. */
 static bool alloc_sites(const struct rp_trace *t, FILE *f) {
   struct site *site = calloc(t->nstacks + 1, sizeof *site);
   struct rp_map live = { 0 };
-  bool ok = site != NULL;
-  size_t allocs = 0, peak_at = 0;
+  const size_t nchunks = chunk_count(t);
+  uint8_t *where = nchunks ? calloc(nchunks, 1) : NULL;
+  bool ok = site && (where || !nchunks), steady;
+  size_t allocs = 0, peak_at = 0, first = 0, last = t->nev ? t->nev - 1 : 0;
   uint64_t total = 0, peak = 0;
+  size_t laps = 0; /* the steady phase's iterations: its marks, less one */
+  steady = rp_steady_marks(t, &first, &last);
+  for (size_t i = first; steady && i <= last; i++) laps += t->ev[i].type == PST_REC_ITERATION;
+  laps = laps ? laps - 1 : 0;
   for (int pass = 0; pass < 2 && ok; pass++) {
     for (size_t i = 0; i < t->nev && ok && (!pass || i <= peak_at); i++) {
       const struct pst_record *r = &t->ev[i];
       uint64_t at;
+      if (where) place_chunk(where, nchunks, r);
       if (r->type == PST_REC_ALLOC) {
-        const uint32_t s = r->alloc.stack < t->nstacks ? r->alloc.stack : 0;
-        struct site *w = &site[s];
+        struct site *w = site_of(t, site, r);
         if (!pass) {
-          w->stack = s;
+          w->stack = (uint32_t)(w - site);
           w->bytes += r->alloc.size;
           w->allocs++;
           w->live += r->alloc.size;
@@ -253,19 +256,31 @@ static bool alloc_sites(const struct rp_trace *t, FILE *f) {
           peak_at = i;
         }
       } else if (r->type == PST_REC_FREE && rp_map_del(&live, r->free.addr, &at)) {
-        const struct pst_record *a = &t->ev[at];
-        if (!pass) site[a->alloc.stack < t->nstacks ? a->alloc.stack : 0].live -= a->alloc.size;
-        total -= a->alloc.size;
+        if (!pass) site_of(t, site, &t->ev[at])->live -= t->ev[at].alloc.size;
+        total -= t->ev[at].alloc.size;
+      } else if (!pass && where && r->type == PST_REC_LAUNCH && i >= first && i <= last) {
+        for (uint32_t k = 0; k < r->launch.n; k++) {
+          if (!rp_map_get(&live, r->launch.ptrs[k], &at)) continue;
+          uint64_t gpu = 0, host = 0;
+          split(t, &t->ev[at], where, nchunks, &gpu, &host);
+          struct site *w = site_of(t, site, &t->ev[at]);
+          w->in_place += host > 0;
+          w->in_place_bytes += host;
+        }
       }
     }
     if (!pass) {
       rp_map_free(&live);
       total = 0;
+      if (where) memset(where, 0, nchunks);
     }
   }
-  size_t nchunks = 0;
-  uint8_t *where = ok && allocs ? chunk_places(t, peak_at, &nchunks) : NULL;
-  if (where) split_live(t, &live, where, nchunks, site);
+  for (size_t k = 0; ok && where && k < live.cap; k++)
+    if (live.keys[k]) {
+      const struct pst_record *a = &t->ev[live.vals[k]];
+      struct site *w = site_of(t, site, a);
+      split(t, a, where, nchunks, &w->at_gpu, &w->at_host);
+    }
   free(where);
   rp_map_free(&live);
   if (!ok) {
@@ -276,11 +291,15 @@ static bool alloc_sites(const struct rp_trace *t, FILE *f) {
   fprintf(f, "\nALLOCATION SITES (top 10 by peak live bytes)\n");
   if (!allocs) fprintf(f, "  no ALLOC records\n");
   bool placed = false;
-  for (size_t i = 0; i <= t->nstacks; i++) placed |= site[i].at_gpu || site[i].at_host;
+  for (size_t i = 0; i <= t->nstacks; i++) placed |= site[i].at_gpu || site[i].at_host || site[i].in_place;
   char a[32], b[32];
-  if (placed)
+  if (placed) {
     fprintf(f, "  where: each site's bytes at the last peak of all live bytes (%s at %.3f s)\n",
             rp_bytes(peak, a, sizeof a), rp_secs(t, t->ev[peak_at].ts_ns));
+    fprintf(f, "  in place: %s launches that named one of the site's allocations by its start\n"
+               "    while some of it was in host frames, and those bytes: what they read across PCIe at most\n",
+            laps ? "a steady iteration's (on average)" : "the trace's");
+  }
   qsort(site, t->nstacks + 1, sizeof *site, by_peak);
   for (size_t i = 0; i < 10 && i <= t->nstacks && site[i].allocs; i++) {
     fprintf(f, "  #%zu  peak live %s, %llu allocations, %s in all\n", i + 1, rp_bytes(site[i].peak, a, sizeof a),
@@ -290,6 +309,9 @@ static bool alloc_sites(const struct rp_trace *t, FILE *f) {
     else if (placed)
       fprintf(f, "      where: %s on the GPU, %s in host frames\n", rp_bytes(site[i].at_gpu, a, sizeof a),
               rp_bytes(site[i].at_host, b, sizeof b));
+    if (placed)
+      fprintf(f, "      in place: %llu launches, %s\n", (unsigned long long)(site[i].in_place / (laps ? laps : 1)),
+              rp_bytes(site[i].in_place_bytes / (laps ? laps : 1), a, sizeof a));
     print_stack(t, site[i].stack, f);
   }
   free(site);

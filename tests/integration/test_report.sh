@@ -31,6 +31,13 @@ where=$(sed -n 's/^where //p' "$dir/expect")
 check "where: the parameters' site at the peak ($where)" \
   awk -v w="      where: $where" '/^  #[0-9]+  peak live 1.3 GiB/ { site = 1; next }
                                   site && /^      where:/ { found = $0 == w; site = 0 } END { exit !found }' "$dir/out.txt"
+inplace=$(sed -n 's/^in-place //p' "$dir/expect")
+check "in place: the state read in its host frame ($inplace)" \
+  awk -v w="      in place: $inplace" '/^  #[0-9]+  peak live 16 MiB/ { site = 1; next }
+                                        site && /^      in place:/ { found = $0 == w; site = 0 } END { exit !found }' "$dir/out.txt"
+check "in place: the parameters, always paged in first, never" \
+  awk '/^  #[0-9]+  peak live 1.3 GiB/ { site = 1; next }
+       site && /^      in place:/ { found = $0 == "      in place: 0 launches, 0 B"; site = 0 } END { exit !found }' "$dir/out.txt"
 check "where: the peak named" grep -Eq "^  where: each site's bytes at the last peak of all live bytes \(1\.3 GiB at [0-9.]+ s\)$" "$dir/out.txt"
 # 8 MB in 0.2 ms, six times: 40000 MB/s.
 check "DATA MOVE: app copy h2d rate" grep -Eq '^  app copy h2d +48\.000 +6 +1\.200 +40000\.0$' "$dir/out.txt"

@@ -5,7 +5,8 @@
  *
  * usage: test_report_synth OUT.trace
  * Prints "expect <DATA MOVE row name>|<MB>|<times>" for each kind of transfer it wrote,
- * and "where <the parameters' site's where line>" at the last peak of live bytes. */
+ * "where <the parameters' site's where line>" at the last peak of live bytes, and
+ * "in-place <the state site's in-place line>". */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,10 +71,13 @@ static void touch(uint32_t chunk, int iteration) {
   migrate(chunk, PST_DIR_H2D, iteration < WARMUP ? PST_REASON_DEMAND : PST_REASON_PREFETCH);
 }
 
-static void launch(const char *kernel, uint32_t layer, int iteration) {
-  const uint64_t w = BASE + layer * CHUNK, ptrs[] = { w, w + 48 * MIB, w + 4096, 0x10000000ull + layer };
+/* The layer's chunk is paged in first; `in_place` (0: none) is a pointer the kernel also
+ * names, read where it is. */
+static void launch(const char *kernel, uint32_t layer, int iteration, uint64_t in_place) {
+  const uint64_t w = BASE + layer * CHUNK, ptrs[] = { w, w + 48 * MIB, w + 4096, 0x10000000ull + layer, in_place };
   touch(layer, iteration);
-  emit((struct pst_record){ .type = PST_REC_LAUNCH, .launch = { 0x100, launches++, pst_trace_intern(kernel), 4, ptrs } });
+  emit((struct pst_record){ .type = PST_REC_LAUNCH,
+                            .launch = { 0x100, launches++, pst_trace_intern(kernel), in_place ? 5 : 4, ptrs } });
   advance(1000000);
 }
 
@@ -92,6 +96,17 @@ __attribute__((visibility("default"), noinline)) void synth_alloc_params(void) {
   emit((struct pst_record){ .type = PST_REC_CHUNK, .chunk = { LAYERS, PST_CHUNK_CREATED, BASE + LAYERS * CHUNK, CHUNK } });
   emit((struct pst_record){ .type = PST_REC_CHUNK, .chunk = { LAYERS, PST_CHUNK_FRAME_GPU, BASE + LAYERS * CHUNK, CHUNK } });
   on_gpu[LAYERS] = true;
+}
+
+/* Optimizer state that never leaves its host frame: every optimizer launch reads it in
+ * place (a chunk past the layers' and the workspace's). */
+#define STATE_CHUNK (LAYERS + 1)
+#define STATE_ADDR (BASE + STATE_CHUNK * CHUNK)
+__attribute__((visibility("default"), noinline)) void synth_alloc_state(void) {
+  emit((struct pst_record){ .type = PST_REC_CHUNK, .chunk = { STATE_CHUNK, PST_CHUNK_CREATED, STATE_ADDR, CHUNK } });
+  emit((struct pst_record){ .type = PST_REC_CHUNK, .chunk = { STATE_CHUNK, PST_CHUNK_FRAME_HOST, STATE_ADDR, CHUNK } });
+  emit((struct pst_record){ .type = PST_REC_ALLOC,
+                            .alloc = { STATE_ADDR, 16 * MIB, 0x100, pst_trace_stack_here(0), STATE_CHUNK, PST_PLACE_HOST } });
 }
 
 __attribute__((visibility("default"), noinline)) void synth_alloc_workspace(bool alloc) {
@@ -115,16 +130,16 @@ static void iteration(int it) {
   advance(200000);
   synth_alloc_workspace(true);
   for (uint32_t l = 0; l < LAYERS; l++) {
-    launch("ampere_bf16_gemm_fwd", l, it);
-    launch("gelu_fwd", l, it);
+    launch("ampere_bf16_gemm_fwd", l, it, 0);
+    launch("gelu_fwd", l, it, 0);
     nonmodel += 8 * MIB;
   }
   for (uint32_t l = LAYERS; l-- > 0;) {
-    launch("ampere_bf16_gemm_bwd", l, it);
-    launch("gelu_bwd", l, it);
+    launch("ampere_bf16_gemm_bwd", l, it, 0);
+    launch("gelu_bwd", l, it, 0);
     nonmodel -= 8 * MIB;
   }
-  for (uint32_t l = 0; l < LAYERS; l++) launch("multi_tensor_apply_adamw", l, it);
+  for (uint32_t l = 0; l < LAYERS; l++) launch("multi_tensor_apply_adamw", l, it, STATE_ADDR);
   synth_alloc_workspace(false);
   emit((struct pst_record){ .type = PST_REC_COPY, .copy = { PST_COPY_D2H, 4000, BASE, 0x6000, 0x100, now, now + 10000 } });
   advance(10000);
@@ -136,7 +151,7 @@ static void iteration(int it) {
  * four layers. */
 static void evaluation(int it) {
   emit((struct pst_record){ .type = PST_REC_ITERATION, .iteration = { (uint64_t)it, 4 } });
-  for (uint32_t l = LAYERS - 4; l < LAYERS; l++) launch("ampere_bf16_gemm_eval", l, it);
+  for (uint32_t l = LAYERS - 4; l < LAYERS; l++) launch("ampere_bf16_gemm_eval", l, it, 0);
 }
 
 int main(int argc, char **argv) {
@@ -151,6 +166,7 @@ int main(int argc, char **argv) {
   if (!pst_trace_open(argv[1], &h)) return 1;
   emit((struct pst_record){ .type = PST_REC_NOTE, .note = { 0, "synthetic trace written by test_report_synth" } });
   synth_alloc_params();
+  synth_alloc_state();
   advance(2000000);
   for (int it = 0; it < ITERS; it++) iteration(it);
   for (int it = ITERS; it < ITERS + EVALS; it++) evaluation(it);
@@ -158,6 +174,7 @@ int main(int argc, char **argv) {
 
   printf("where %llu MiB on the GPU, %llu MiB in host frames\n", (unsigned long long)params_gpu_mib,
          (unsigned long long)(LAYERS * 56 - params_gpu_mib));
+  printf("in-place %d launches, %d MiB\n", LAYERS, LAYERS * 16); /* a steady iteration's, of the state */
   printf("expect app copy h2d|%.3f|%d\n", 8.0 * ITERS, ITERS);
   printf("expect app copy d2h|%.3f|%d\n", 0.004 * ITERS, ITERS);
   for (int d = 0; d < 2; d++)
