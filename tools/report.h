@@ -52,6 +52,8 @@ struct rp_chunks {
 };
 /* From CHUNK frame events, and MIGRATION ends where a chunk has no frame events. */
 bool rp_chunks_build(const struct rp_trace *t, struct rp_chunks *out);
+/* Where chunk id was at time ts (RP_NONE: not mapped then, or never seen). */
+enum rp_where rp_chunk_at(const struct rp_chunks *cs, uint32_t id, uint64_t ts);
 void rp_chunks_free(struct rp_chunks *cs);
 
 /* ---- derived: the steady phase ---- */

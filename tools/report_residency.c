@@ -9,7 +9,7 @@ static int by_id(const void *a, const void *b) {
   return x->id < y->id ? -1 : x->id > y->id;
 }
 
-static struct rp_chunk *find(struct rp_chunks *cs, uint32_t id) {
+static struct rp_chunk *find(const struct rp_chunks *cs, uint32_t id) {
   const struct rp_chunk key = { .id = id };
   return bsearch(&key, cs->c, cs->n, sizeof *cs->c, by_id);
 }
@@ -96,6 +96,18 @@ bool rp_chunks_build(const struct rp_trace *t, struct rp_chunks *out) {
 oom:
   rp_chunks_free(out);
   return false;
+}
+
+enum rp_where rp_chunk_at(const struct rp_chunks *cs, uint32_t id, uint64_t ts) {
+  const struct rp_chunk *c = find(cs, id);
+  if (!c) return RP_NONE;
+  size_t lo = 0, hi = c->nspans; /* the first span ending after ts */
+  while (lo < hi) {
+    const size_t mid = (lo + hi) / 2;
+    if (c->spans[mid].to <= ts) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo < c->nspans && c->spans[lo].from <= ts ? c->spans[lo].where : RP_NONE;
 }
 
 void rp_chunks_free(struct rp_chunks *cs) {

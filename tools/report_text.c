@@ -184,30 +184,16 @@ static void print_stack(const struct rp_trace *t, uint32_t id, FILE *f) {
   if (s->depth > 8) fprintf(f, "      ... %u more frames\n", s->depth - 8);
 }
 
-/* Chunk ids index by the header's geometry; 0 when it gives none (or a damaged one). */
-static size_t chunk_count(const struct rp_trace *t) {
-  const uint64_t n = t->hdr.chunk_size ? t->hdr.space_size / t->hdr.chunk_size : 0;
-  return n <= (1u << 26) ? (size_t)n : 0;
-}
-
-/* Where a chunk is (enum rp_where) after record r: its frame events and migrations. */
-static void place_chunk(uint8_t *where, size_t n, const struct pst_record *r) {
-  if (r->type == PST_REC_CHUNK && r->chunk.id < n && r->chunk.event != PST_CHUNK_CREATED)
-    where[r->chunk.id] = r->chunk.event == PST_CHUNK_FRAME_GPU ? RP_GPU
-                         : r->chunk.event == PST_CHUNK_FRAME_HOST ? RP_HOST : RP_NONE;
-  else if (r->type == PST_REC_MIGRATION && r->migration.chunk < n)
-    where[r->migration.chunk] = r->migration.direction == PST_DIR_H2D ? RP_GPU : RP_HOST;
-}
-
-/* An allocation's bytes in chunks on the GPU and in host frames now. */
-static void split(const struct rp_trace *t, const struct pst_record *a, const uint8_t *where, size_t n,
+/* An allocation's bytes in chunks on the GPU and in host frames at time ts. */
+static void split(const struct rp_trace *t, const struct rp_chunks *cs, const struct pst_record *a, uint64_t ts,
                   uint64_t *gpu, uint64_t *host) {
   const uint64_t base = t->hdr.space_base, size = t->hdr.chunk_size, hi = a->alloc.addr + a->alloc.size;
-  for (uint64_t at = a->alloc.addr; at < hi && at >= base;) {
+  for (uint64_t at = a->alloc.addr; size && at < hi && at >= base;) {
     const uint64_t c = (at - base) / size, end = base + (c + 1) * size < hi ? base + (c + 1) * size : hi;
-    if (c >= n) break;
-    if (where[c] == RP_GPU) *gpu += end - at;
-    if (where[c] == RP_HOST) *host += end - at;
+    if (c > UINT32_MAX) break;
+    const enum rp_where w = rp_chunk_at(cs, (uint32_t)c, ts);
+    if (w == RP_GPU) *gpu += end - at;
+    if (w == RP_HOST) *host += end - at;
     at = end;
   }
 }
@@ -217,71 +203,66 @@ static struct site *site_of(const struct rp_trace *t, struct site *site, const s
 }
 
 /* Sites by stack id; live bytes follow ALLOC and FREE through a map addr -> ALLOC, and
- * chunk residency CHUNK and MIGRATION records. The first pass also counts the launches of
- * the steady phase (all of them without one) that name a live allocation by its start
- * address while some of it is in host frames: the kernel reads it there in place, across
- * PCIe. A second pass stops at the last peak of all live bytes (a steady step's, not
- * warm-up's) and splits what each site held there between GPU and host frames. */
-static bool alloc_sites(const struct rp_trace *t, FILE *f) {
+ * chunk residency the shared chunk model (rp_chunks_build). The first pass also counts the
+ * launches of the steady phase (all of them without one) that name a live allocation by
+ * its start address while some of it is in host frames: the kernel reads it there in
+ * place, across PCIe. A second pass replays allocations up to the last peak of all live
+ * bytes (a steady step's, not warm-up's), where what each site held is split between GPU
+ * and host frames. */
+static bool alloc_sites(const struct rp_trace *t, const struct rp_chunks *cs, FILE *f) {
   struct site *site = calloc(t->nstacks + 1, sizeof *site);
   struct rp_map live = { 0 };
-  const size_t nchunks = chunk_count(t);
-  uint8_t *where = nchunks ? calloc(nchunks, 1) : NULL;
-  bool ok = site && (where || !nchunks), steady;
+  bool ok = site != NULL;
   size_t allocs = 0, peak_at = 0, first = 0, last = t->nev ? t->nev - 1 : 0;
   uint64_t total = 0, peak = 0;
+  const bool steady = rp_steady_marks(t, &first, &last);
   size_t laps = 0; /* the steady phase's iterations: its marks, less one */
-  steady = rp_steady_marks(t, &first, &last);
   for (size_t i = first; steady && i <= last; i++) laps += t->ev[i].type == PST_REC_ITERATION;
   laps = laps ? laps - 1 : 0;
-  for (int pass = 0; pass < 2 && ok; pass++) {
-    for (size_t i = 0; i < t->nev && ok && (!pass || i <= peak_at); i++) {
-      const struct pst_record *r = &t->ev[i];
-      uint64_t at;
-      if (where) place_chunk(where, nchunks, r);
-      if (r->type == PST_REC_ALLOC) {
-        struct site *w = site_of(t, site, r);
-        if (!pass) {
-          w->stack = (uint32_t)(w - site);
-          w->bytes += r->alloc.size;
-          w->allocs++;
-          w->live += r->alloc.size;
-          if (w->live > w->peak) w->peak = w->live;
-          allocs++;
-        }
-        ok = rp_map_put(&live, r->alloc.addr, i);
-        total += r->alloc.size;
-        if (!pass && total >= peak) {
-          peak = total;
-          peak_at = i;
-        }
-      } else if (r->type == PST_REC_FREE && rp_map_del(&live, r->free.addr, &at)) {
-        if (!pass) site_of(t, site, &t->ev[at])->live -= t->ev[at].alloc.size;
-        total -= t->ev[at].alloc.size;
-      } else if (!pass && where && r->type == PST_REC_LAUNCH && i >= first && i <= last) {
-        for (uint32_t k = 0; k < r->launch.n; k++) {
-          if (!rp_map_get(&live, r->launch.ptrs[k], &at)) continue;
-          uint64_t gpu = 0, host = 0;
-          split(t, &t->ev[at], where, nchunks, &gpu, &host);
-          struct site *w = site_of(t, site, &t->ev[at]);
-          w->in_place += host > 0;
-          w->in_place_bytes += host;
-        }
+  for (size_t i = 0; i < t->nev && ok; i++) {
+    const struct pst_record *r = &t->ev[i];
+    uint64_t at;
+    if (r->type == PST_REC_ALLOC) {
+      struct site *w = site_of(t, site, r);
+      w->stack = (uint32_t)(w - site);
+      w->bytes += r->alloc.size;
+      w->allocs++;
+      w->live += r->alloc.size;
+      if (w->live > w->peak) w->peak = w->live;
+      allocs++;
+      ok = rp_map_put(&live, r->alloc.addr, i);
+      total += r->alloc.size;
+      if (total >= peak) {
+        peak = total;
+        peak_at = i;
+      }
+    } else if (r->type == PST_REC_FREE && rp_map_del(&live, r->free.addr, &at)) {
+      site_of(t, site, &t->ev[at])->live -= t->ev[at].alloc.size;
+      total -= t->ev[at].alloc.size;
+    } else if (r->type == PST_REC_LAUNCH && i >= first && i <= last) {
+      for (uint32_t k = 0; k < r->launch.n; k++) {
+        if (!rp_map_get(&live, r->launch.ptrs[k], &at)) continue;
+        uint64_t gpu = 0, host = 0;
+        split(t, cs, &t->ev[at], r->ts_ns, &gpu, &host);
+        struct site *w = site_of(t, site, &t->ev[at]);
+        w->in_place += host > 0;
+        w->in_place_bytes += host;
       }
     }
-    if (!pass) {
-      rp_map_free(&live);
-      total = 0;
-      if (where) memset(where, 0, nchunks);
-    }
   }
-  for (size_t k = 0; ok && where && k < live.cap; k++)
+  rp_map_free(&live);
+  for (size_t i = 0; i <= peak_at && i < t->nev && ok; i++) {
+    const struct pst_record *r = &t->ev[i];
+    if (r->type == PST_REC_ALLOC) ok = rp_map_put(&live, r->alloc.addr, i);
+    else if (r->type == PST_REC_FREE) rp_map_del(&live, r->free.addr, NULL);
+  }
+  const uint64_t peak_ts = t->nev ? t->ev[peak_at].ts_ns : 0;
+  for (size_t k = 0; ok && k < live.cap; k++)
     if (live.keys[k]) {
       const struct pst_record *a = &t->ev[live.vals[k]];
       struct site *w = site_of(t, site, a);
-      split(t, a, where, nchunks, &w->at_gpu, &w->at_host);
+      split(t, cs, a, peak_ts, &w->at_gpu, &w->at_host);
     }
-  free(where);
   rp_map_free(&live);
   if (!ok) {
     free(site);
@@ -295,7 +276,7 @@ static bool alloc_sites(const struct rp_trace *t, FILE *f) {
   char a[32], b[32];
   if (placed) {
     fprintf(f, "  where: each site's bytes at the last peak of all live bytes (%s at %.3f s)\n",
-            rp_bytes(peak, a, sizeof a), rp_secs(t, t->ev[peak_at].ts_ns));
+            rp_bytes(peak, a, sizeof a), rp_secs(t, peak_ts));
     fprintf(f, "  in place: %s launches that named one of the site's allocations by its start\n"
                "    while some of it was in host frames, and those bytes: what they read across PCIe at most\n",
             laps ? "a steady iteration's (on average)" : "the trace's");
@@ -367,5 +348,5 @@ bool rp_text(const struct rp_trace *t, const struct rp_chunks *cs, FILE *out) {
   run_header(t, out);
   phases(t, out);
   data_move(t, out);
-  return alloc_sites(t, out) && residency(cs, out);
+  return alloc_sites(t, cs, out) && residency(cs, out);
 }
