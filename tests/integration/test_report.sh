@@ -26,18 +26,18 @@ while IFS='|' read -r label mb times; do
       'index($0, l) == 1 { rest = substr($0, length(l) + 1); split(rest, f, " ");
                            if (f[1] == mb && f[2] == n) found = 1 } END { exit !found }' "$dir/out.txt"
 done < <(grep '^expect ' "$dir/expect")
+# site_line PEAK LINE: the site whose peak live bytes are PEAK has exactly LINE (its first
+# line of that kind: "where: ..." or "in place: ...").
+site_line() {
+  awk -v p="  peak live $1," -v w="      $2" 'index($0, p) && /^  #[0-9]+  / { site = 1; next }
+    site && index(w, substr($0, 1, index($0, ":"))) == 1 { found = $0 == w; site = 0 } END { exit !found }' "$dir/out.txt"
+}
 # At the last peak of live bytes (a step's start), where paging had left the parameters.
 where=$(sed -n 's/^where //p' "$dir/expect")
-check "where: the parameters' site at the peak ($where)" \
-  awk -v w="      where: $where" '/^  #[0-9]+  peak live 1.3 GiB/ { site = 1; next }
-                                  site && /^      where:/ { found = $0 == w; site = 0 } END { exit !found }' "$dir/out.txt"
+check "where: the parameters' site at the peak ($where)" site_line "1.3 GiB" "where: $where"
 inplace=$(sed -n 's/^in-place //p' "$dir/expect")
-check "in place: the state read in its host frame ($inplace)" \
-  awk -v w="      in place: $inplace" '/^  #[0-9]+  peak live 16 MiB/ { site = 1; next }
-                                        site && /^      in place:/ { found = $0 == w; site = 0 } END { exit !found }' "$dir/out.txt"
-check "in place: the parameters, always paged in first, never" \
-  awk '/^  #[0-9]+  peak live 1.3 GiB/ { site = 1; next }
-       site && /^      in place:/ { found = $0 == "      in place: 0 launches, 0 B"; site = 0 } END { exit !found }' "$dir/out.txt"
+check "in place: the state read in its host frame ($inplace)" site_line "16 MiB" "in place: $inplace"
+check "in place: the parameters, always paged in first, never" site_line "1.3 GiB" "in place: 0 launches, 0 B"
 check "where: the peak named" grep -Eq "^  where: each site's bytes at the last peak of all live bytes \(1\.3 GiB at [0-9.]+ s\)$" "$dir/out.txt"
 # 8 MB in 0.2 ms, six times: 40000 MB/s.
 check "DATA MOVE: app copy h2d rate" grep -Eq '^  app copy h2d +48\.000 +6 +1\.200 +40000\.0$' "$dir/out.txt"

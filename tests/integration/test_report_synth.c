@@ -114,10 +114,8 @@ __attribute__((visibility("default"), noinline)) void synth_alloc_workspace(bool
   if (alloc) { /* live bytes peak here, every iteration: the last time is the report's */
     params_gpu_mib = 0;
     for (uint32_t l = 0; l < LAYERS; l++) params_gpu_mib += on_gpu[l] ? 56 : 0;
-  }
-  if (alloc)
     emit((struct pst_record){ .type = PST_REC_ALLOC, .alloc = { addr, 4 * MIB, 0x100, pst_trace_stack_here(0), LAYERS, PST_PLACE_GPU } });
-  else
+  } else
     emit((struct pst_record){ .type = PST_REC_FREE, .free = { addr, 0x100 } });
 }
 
