@@ -17,121 +17,6 @@ enum {
                          the VMM granularity */
 };
 
-/* What the replay needs from the trace, independent of the chunk size. */
-struct accesses {
-  uint64_t *size; /* by allocation number */
-  size_t nallocs;
-  struct op { uint32_t alloc; bool free; } *ops; /* ALLOC and FREE in time order */
-  size_t nops;
-  uint32_t *touch;  /* allocations touched, moment after moment */
-  size_t ntouch;
-  size_t *first;    /* moment m touches touch[first[m] .. first[m + 1]) */
-  uint64_t *nonmodel;
-  size_t nmoments;
-  uint64_t launches, pointers, matched;
-  bool periodic; /* the window is one iteration */
-  char window[64];
-};
-
-/* Live allocations, sorted by address, to find the one holding an interior pointer. */
-struct live { uint64_t addr, end; uint32_t alloc; };
-
-static size_t live_find(const struct live *l, size_t n, uint64_t addr) {
-  size_t lo = 0, hi = n; /* first entry with addr > the one sought */
-  while (lo < hi) {
-    const size_t mid = (lo + hi) / 2;
-    if (l[mid].addr <= addr) lo = mid + 1;
-    else hi = mid;
-  }
-  return lo;
-}
-
-#define PUSH(arr, n, cap, val)                                               \
-  do {                                                                       \
-    if ((n) == (cap)) {                                                      \
-      size_t c_ = (cap) ? (cap) * 2 : 1024;                                  \
-      void *p_ = realloc((arr), c_ * sizeof *(arr));                         \
-      if (!p_) goto oom;                                                     \
-      (arr) = p_;                                                            \
-      (cap) = c_;                                                            \
-    }                                                                        \
-    (arr)[(n)++] = (val);                                                    \
-  } while (0)
-
-static void accesses_free(struct accesses *a) {
-  free(a->size);
-  free(a->ops);
-  free(a->touch);
-  free(a->first);
-  free(a->nonmodel);
-  memset(a, 0, sizeof *a);
-}
-
-/* The steady phase's last complete iteration (rp_steady_marks) when it has one (true); else
- * all of the run. */
-static bool pick_window(const struct rp_trace *t, uint64_t *from, uint64_t *to, char *desc, size_t len) {
-  size_t first, last, before = SIZE_MAX;
-  if (rp_steady_marks(t, &first, &last))
-    for (size_t i = first; i < last; i++)
-      if (t->ev[i].type == PST_REC_ITERATION) before = i;
-  if (before != SIZE_MAX) {
-    *from = t->ev[before].ts_ns;
-    *to = t->ev[last].ts_ns;
-    snprintf(desc, len, "iteration %llu (the last complete one of the steady period)",
-             (unsigned long long)t->ev[before].iteration.iteration);
-    return true;
-  }
-  *from = 0;
-  *to = UINT64_MAX;
-  snprintf(desc, len, "the whole run");
-  return false;
-}
-
-static bool gather(const struct rp_trace *t, struct accesses *a) {
-  size_t cap_size = 0, cap_ops = 0, cap_touch = 0, cap_first = 0, nfirst = 0, cap_nm = 0, nlive = 0, cap_live = 0;
-  struct live *live = NULL;
-  uint64_t from, to, nonmodel = 0;
-  memset(a, 0, sizeof *a);
-  a->periodic = pick_window(t, &from, &to, a->window, sizeof a->window);
-  for (size_t i = 0; i < t->nev; i++) {
-    const struct pst_record *r = &t->ev[i];
-    if (r->type == PST_REC_SAMPLE) nonmodel = r->sample.nonmodel_gpu_bytes;
-    if (r->type == PST_REC_ALLOC && r->alloc.size) {
-      const uint32_t id = (uint32_t)a->nallocs;
-      PUSH(a->size, a->nallocs, cap_size, r->alloc.size);
-      PUSH(a->ops, a->nops, cap_ops, ((struct op){ id, false }));
-      PUSH(live, nlive, cap_live, ((struct live){ 0 }));
-      const size_t at = live_find(live, nlive - 1, r->alloc.addr);
-      memmove(&live[at + 1], &live[at], (nlive - 1 - at) * sizeof *live);
-      live[at] = (struct live){ r->alloc.addr, r->alloc.addr + r->alloc.size, id };
-    } else if (r->type == PST_REC_FREE) {
-      const size_t at = live_find(live, nlive, r->free.addr);
-      if (at == 0 || live[at - 1].addr != r->free.addr) continue; /* not one of ours */
-      PUSH(a->ops, a->nops, cap_ops, ((struct op){ live[at - 1].alloc, true }));
-      memmove(&live[at - 1], &live[at], (nlive - at) * sizeof *live);
-      nlive--;
-    } else if (r->type == PST_REC_LAUNCH && r->ts_ns >= from && r->ts_ns < to) {
-      a->launches++;
-      PUSH(a->first, nfirst, cap_first, a->ntouch);
-      PUSH(a->nonmodel, a->nmoments, cap_nm, nonmodel);
-      for (uint32_t k = 0; k < r->launch.n; k++) {
-        const size_t at = live_find(live, nlive, r->launch.ptrs[k]);
-        a->pointers++;
-        if (at == 0 || r->launch.ptrs[k] >= live[at - 1].end) continue; /* not into an allocation */
-        a->matched++;
-        PUSH(a->touch, a->ntouch, cap_touch, live[at - 1].alloc);
-      }
-    }
-  }
-  PUSH(a->first, nfirst, cap_first, a->ntouch); /* the end of the last moment */
-  free(live);
-  return true;
-oom:
-  free(live);
-  accesses_free(a);
-  return false;
-}
-
 /* ---- the first-fit packer ---- */
 struct hole { uint64_t off, len; };
 struct pchunk {
@@ -235,13 +120,13 @@ static void packing_free(struct packing *p) {
   memset(p, 0, sizeof *p);
 }
 
-static bool pack(const struct accesses *a, uint64_t chunk_size, struct packing *p) {
+static bool pack(const struct rp_accesses *a, uint64_t chunk_size, struct packing *p) {
   memset(p, 0, sizeof *p);
   p->chunk_of = malloc((a->nallocs + 1) * sizeof *p->chunk_of);
   p->off_of = malloc((a->nallocs + 1) * sizeof *p->off_of);
   bool ok = p->chunk_of && p->off_of;
   for (size_t i = 0; i < a->nops && ok; i++) {
-    const struct op *o = &a->ops[i];
+    const struct rp_access_op *o = &a->ops[i];
     ok = o->free ? unplace(p, o->alloc, a->size[o->alloc]) : place(p, o->alloc, a->size[o->alloc], chunk_size);
   }
   if (!ok) packing_free(p);
@@ -272,7 +157,7 @@ static int simulate_last(const psp_schedule *s, uint64_t budget, psp_policy pol,
   return 0;
 }
 
-static bool replay(const struct accesses *a, uint64_t chunk_size, uint64_t budget, uint32_t iterations,
+static bool replay(const struct rp_accesses *a, uint64_t chunk_size, uint64_t budget, uint32_t iterations,
                    struct result *res) {
   struct packing p;
   if (!pack(a, chunk_size, &p)) return false;
@@ -307,9 +192,9 @@ static const char *env_size(uint64_t v, char *buf, size_t len) {
 }
 
 bool rp_chunk_advice(const struct rp_trace *t, const uint64_t *sizes, size_t n, uint64_t budget, FILE *out) {
-  struct accesses a;
+  struct rp_accesses a;
   char b[32], c[32];
-  if (!gather(t, &a)) {
+  if (!rp_accesses_gather(t, &a)) {
     fprintf(stderr, "psshim-report: out of memory\n");
     return false;
   }
@@ -319,7 +204,7 @@ bool rp_chunk_advice(const struct rp_trace *t, const uint64_t *sizes, size_t n, 
           (unsigned long long)a.launches, (unsigned long long)a.matched, (unsigned long long)a.pointers, a.nallocs);
   if (!a.matched) {
     fprintf(out, "  nothing to replay: no launch pointer falls inside an ALLOC'd range\n");
-    accesses_free(&a);
+    rp_accesses_free(&a);
     return true;
   }
   fprintf(out, "  GPU budget %s for chunks and non-model memory (sampled) together, as policy/ counts it\n",
@@ -354,6 +239,6 @@ bool rp_chunk_advice(const struct rp_trace *t, const uint64_t *sizes, size_t n, 
   } else {
     fprintf(stderr, "psshim-report: chunk-size replay failed (out of memory)\n");
   }
-  accesses_free(&a);
+  rp_accesses_free(&a);
   return ok;
 }

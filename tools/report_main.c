@@ -15,8 +15,9 @@ static void usage(FILE *f) {
           "Reads a trace written by libpsshim.so (PSSHIM_TRACE=FILE) and prints a summary: the run,\n"
           "time per phase (warm-up, steady and later iterations), a DATA MOVE table of every kind of\n"
           "transfer, the top allocation sites (where their bytes were at the last peak of live\n"
-          "bytes, and how often kernels named them while they sat in host frames), and where each\n"
-          "chunk lived.\n"
+          "bytes, and how often kernels named them while they sat in host frames), where each\n"
+          "chunk lived, and LEAST TRAFFIC: a lower bound on what any placement must bring onto\n"
+          "the GPU in a steady iteration at the run's budget.\n"
           "\n"
           "options:\n"
           "  --perfetto OUT.json    Chrome trace-event JSON: open it in ui.perfetto.dev or\n"
@@ -27,6 +28,9 @@ static void usage(FILE *f) {
           "                         simulators and name the one that moves the fewest bytes\n"
           "                         (under demand paging: a ranking of copies, not of step time)\n"
           "  --budget SIZE          GPU budget for --chunk-size (default: the run's)\n"
+          "  --least=LIST           the LEAST TRAFFIC bound at each GPU budget in LIST (default:\n"
+          "                         the run's): the bytes any placement must bring onto the GPU\n"
+          "                         in the steady iteration, whatever pages or is read in place\n"
           "  --help, --version\n"
           "\n"
           "Sizes take K, M, G, T (binary) suffixes. Exit status: 0 ok; 1 bad usage; 2 the file\n"
@@ -48,10 +52,11 @@ int main(int argc, char **argv) {
   static const struct option opts[] = {
     { "perfetto", required_argument, NULL, 'p' }, { "html", required_argument, NULL, 'w' },
     { "chunk-size", optional_argument, NULL, 'c' }, { "budget", required_argument, NULL, 'b' },
+    { "least", required_argument, NULL, 'l' },
     { "help", no_argument, NULL, 'h' },           { "version", no_argument, NULL, 'V' },
     { NULL, 0, NULL, 0 },
   };
-  const char *perfetto = NULL, *html = NULL, *sizes_arg = NULL;
+  const char *perfetto = NULL, *html = NULL, *sizes_arg = NULL, *least_arg = NULL;
   uint64_t budget = 0;
   int c;
   while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -59,6 +64,7 @@ int main(int argc, char **argv) {
     case 'p': perfetto = optarg; break;
     case 'w': html = optarg; break;
     case 'c': sizes_arg = optarg ? optarg : DEFAULT_SIZES; break;
+    case 'l': least_arg = optarg; break;
     case 'b':
       if (!rp_parse_size(optarg, &budget)) {
         fprintf(stderr, "psshim-report: --budget takes a size like 16G, not '%s'\n", optarg);
@@ -83,11 +89,21 @@ int main(int argc, char **argv) {
     return EXIT_USAGE;
   }
 
+  uint64_t *least = NULL;
+  size_t nleast = 0;
+  if (least_arg && !parse_sizes(least_arg, &least, &nleast)) {
+    fprintf(stderr, "psshim-report: --least takes sizes like 16G,24G, not '%s'\n", least_arg);
+    free(sizes);
+    free(least);
+    return EXIT_USAGE;
+  }
+
   struct rp_trace t;
   char err[512];
   if (!rp_load(argv[optind], &t, err, sizeof err)) {
     fprintf(stderr, "psshim-report: %s\n", err);
     free(sizes);
+    free(least);
     return EXIT_TRACE;
   }
   if (sizes && !budget) budget = t.hdr.gpu_budget;
@@ -95,12 +111,15 @@ int main(int argc, char **argv) {
     fprintf(stderr, "psshim-report: the trace records no GPU budget: give --budget SIZE with --chunk-size\n");
     rp_free(&t);
     free(sizes);
+    free(least);
     return EXIT_USAGE;
   }
   struct rp_chunks cs;
   bool ok = rp_chunks_build(&t, &cs);
   if (!ok) fprintf(stderr, "psshim-report: out of memory\n");
   ok = ok && rp_text(&t, &cs, stdout);
+  if (ok) ok = least ? rp_least_traffic(&t, least, nleast, stdout)
+                    : rp_least_traffic(&t, &t.hdr.gpu_budget, t.hdr.gpu_budget != 0, stdout);
   if (ok && sizes) ok = rp_chunk_advice(&t, sizes, nsizes, budget, stdout);
   if (ok && perfetto) ok = rp_perfetto(&t, perfetto);
   if (ok && html) ok = rp_html(&t, &cs, html);
@@ -110,5 +129,6 @@ int main(int argc, char **argv) {
   rp_chunks_free(&cs);
   rp_free(&t);
   free(sizes);
+  free(least);
   return rc;
 }

@@ -49,6 +49,23 @@ check "phases: the evaluation loop after training counted apart" \
   bash -c "grep -Eq '^  later +2 ' '$dir/out.txt' && grep -Eq '^  later marks came from .*: 4 launches$' '$dir/out.txt'"
 check "chunk-size replays the steady period's last iteration" \
   grep -q 'replaying iteration 4 (the last complete one of the steady period)' "$dir/out.txt"
+# LEAST TRAFFIC: the run's budget in the report itself, the others with --least.
+least_line() { # least_line FILE MB: the one budget's bound is MB
+  [ "$(grep -c '^    GPU budget ' "$1")" = 1 ] && grep -Eq "^    GPU budget .* $2 MB\$" "$1"
+}
+while read -r _ mib mb; do
+  file=$dir/out.txt
+  if [ "$mib" != "$(sed -n 's/^least-run //p' "$dir/expect")" ]; then
+    file=$dir/least$mib.txt
+    "$report" "$dir/run.trace" --least="${mib}M" > "$file"
+  fi
+  check "least traffic at $mib MiB: $mb MB" least_line "$file" "$mb"
+done < <(grep '^least ' "$dir/expect")
+paged=$(sed -n 's/^least-paged //p' "$dir/expect")
+check "least traffic: what the run paged in then ($paged MB)" grep -q "^  this run paged in $paged MB then;" "$dir/out.txt"
+check "least traffic: the window" grep -q '^  iteration 4 (the last complete one of the steady period): 120 launches read 1426\.1 MB' "$dir/out.txt"
+"$report" "$dir/run.trace" --least=lots > /dev/null 2>&1
+check "bad --least exits 1" test $? -eq 1
 check "allocation site symbolized" grep -q 'synth_alloc_params+0x' "$dir/out.txt"
 check "chunk table" grep -Eq '^ +23 +64\.0 ' "$dir/out.txt"
 check "chunk-size ranking" grep -Eq '^  least moved: PSSHIM_CHUNK_SIZE=[0-9]+[KMG]? ' "$dir/out.txt"
