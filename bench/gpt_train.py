@@ -446,7 +446,20 @@ def warn_once(what: str, exc: Exception) -> None:
         print(f"gpt_train: warning: {what} failed, recorded as null: {exc}", file=sys.stderr)
 
 
-def train_step(model, opt, inputs, targets, autocast) -> torch.Tensor:
+def optimizer_data_bytes(opt) -> int:
+    """Bytes of what the optimizer step reads on the GPU: the parameters, their gradients
+    and the optimizer's state (psshim's LEAST TRAFFIC argument: what of it the budget cannot
+    hold when the step begins must cross PCIe while it runs)."""
+    def gpu_bytes(t) -> int:
+        return t.numel() * t.element_size() if torch.is_tensor(t) and t.device.type == "cuda" else 0
+    params = [p for g in opt.param_groups for p in g["params"]]
+    return (sum(gpu_bytes(p) + gpu_bytes(p.grad) for p in params) +
+            sum(gpu_bytes(v) for st in opt.state.values() for v in st.values()))
+
+
+def train_step(model, opt, inputs, targets, autocast, timing: dict | None = None) -> torch.Tensor:
+    """One step. timing (a dict, CUDA only): the optimizer step's CUDA events, "opt_start"
+    and "opt_end", recorded around it, and "optimizer_data_bytes" while the gradients live."""
     with autocast():
         logits = model(inputs)
     loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
@@ -455,7 +468,14 @@ def train_step(model, opt, inputs, targets, autocast) -> torch.Tensor:
         model.step()
         return loss.detach()
     loss.backward()
+    if timing is not None:
+        timing["opt_start"] = torch.cuda.Event(enable_timing=True)
+        timing["opt_end"] = torch.cuda.Event(enable_timing=True)
+        timing["opt_start"].record()
     opt.step()
+    if timing is not None:
+        timing["opt_end"].record()
+        timing["optimizer_data_bytes"] = optimizer_data_bytes(opt)
     opt.zero_grad(set_to_none=True)
     return loss.detach()
 
@@ -561,7 +581,9 @@ def pcie_counter(device: torch.device) -> benchlib.PcieCounter | None:
 def finish_result(res: dict, a: argparse.Namespace, init_mem: dict) -> None:
     warm = min(a.warmup, max(len(res["step_times_s"]) - 1, 0))
     med = benchlib.median(res["step_times_s"][warm:])
+    opt_s = [s["optimizer_s"] for s in res["steps"][warm:] if s.get("optimizer_s") is not None]
     res.update(warmup_steps=warm, median_step_s=med,
+               median_optimizer_s=benchlib.median(opt_s) if opt_s else None,
                tflops=res["flops_per_step"] / med / 1e12 if med else None,
                memory=summarize_memory(init_mem, res["steps"]))
     pcie = [s["pcie"] for s in res["steps"][warm:] if s.get("pcie")]
@@ -599,12 +621,16 @@ def train(a: argparse.Namespace, res: dict) -> dict:
         reset_peaks(device)
         synchronize(device)
         before = benchlib.psshim_stats()
+        timing = {} if device.type == "cuda" and opt is not None else None
         t0 = time.perf_counter()
-        loss = train_step(model, opt, inputs, targets, autocast)
+        loss = train_step(model, opt, inputs, targets, autocast, timing)
         synchronize(device)
         dt = time.perf_counter() - t0
         value = loss.float().item()
+        if timing:
+            res["optimizer_data_bytes"] = timing["optimizer_data_bytes"]
         rec = {"step": step, "loss_hex": float.hex(value), "loss": value, "time_s": dt,
+               "optimizer_s": timing["opt_start"].elapsed_time(timing["opt_end"]) / 1e3 if timing else None,
                "tflops": res["flops_per_step"] / dt / 1e12, **memory_now(device),
                "psshim": psshim_step(before, benchlib.psshim_stats()),
                "pcie": pcie.window(t0, t0 + dt) if pcie else None}

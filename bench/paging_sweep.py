@@ -25,6 +25,8 @@ NVML's counters saw them (gpt_train.py's "pcie": copies and kernels' in-place re
 memory alike, which psshim's copy counters miss) and the same bound from those bytes
 ("PCIe bound") and native step plus their time on the link ("PCIe serial": the step if
 no byte crossed while compute ran, as with reads in place by a serial optimizer step),
+the serial bound of psshim's runs (serial_bound: the native step less its optimizer
+step, plus the least bytes the optimizer step must bring onto the GPU at 55.4 GB/s),
 bitwise loss match against the native run
 (--deterministic), and OOM / timeout / error. It writes one JSON (--out, rewritten after
 every run so a killed sweep keeps what it measured), a PNG plot, and prints a table last.
@@ -308,6 +310,22 @@ def lower_bound(native_step: float | None, h2d: float | None, d2h: float | None)
     return max(native_step, link_s(h2d, d2h))
 
 
+def serial_bound(native: dict | None, budget: int | None) -> dict:
+    """The least a placement that keeps the optimizer step on the GPU (psshim's) can take a
+    step, as psshim-report's LEAST TRAFFIC argues: the step reads all of the parameters,
+    gradients and state (native's optimizer_data_bytes); what the budget cannot hold when
+    it begins crosses PCIe while it runs, at the copy rate at best; and on one stream it
+    begins after the rest of the step, which runs no faster than natively. {} without the
+    native run's numbers."""
+    data, opt_s = (native or {}).get("optimizer_data_bytes"), (native or {}).get("median_optimizer_s")
+    step = (native or {}).get("median_step_s")
+    if not data or opt_s is None or step is None or budget is None:
+        return {}
+    least = max(0, data - budget)
+    return {"least_h2d_per_step": least,
+            "serial_bound_s": step - opt_s + least / benchlib.H2D_BYTES_PER_S}
+
+
 def record(run: Run, outcome: dict, native: dict | None) -> dict:
     """Everything the sweep JSON keeps about one run."""
     result = fresh_json(run.json_path, outcome["started"]) if outcome else None
@@ -332,7 +350,9 @@ def record(run: Run, outcome: dict, native: dict | None) -> dict:
                peak_allocated_bytes=mem.get("peak_allocated_bytes"),
                peak_reserved_bytes=mem.get("peak_reserved_bytes"),
                peak_device_used_bytes=mem.get("peak_device_used_bytes"),
-               device_name=result.get("device_name"), torch_version=result.get("torch_version"))
+               device_name=result.get("device_name"), torch_version=result.get("torch_version"),
+               median_optimizer_s=result.get("median_optimizer_s"),
+               optimizer_data_bytes=result.get("optimizer_data_bytes"))
     if stats is not None:
         rec["psshim_stats"] = stats
     pcie = result.get("pcie") or {}
@@ -352,6 +372,8 @@ def record(run: Run, outcome: dict, native: dict | None) -> dict:
     if step and h2d is not None:
         rec["h2d_gbps"], rec["d2h_gbps"] = h2d / step / 1e9, d2h / step / 1e9
     rec["bound_s"] = lower_bound((native or {}).get("median_step_s"), h2d, d2h)
+    if run.method.startswith("psshim"):
+        rec.update(serial_bound(native, run.budget))
     if native and native.get("loss_hex") and result.get("loss_hex"):
         cmp = benchlib.compare_loss_hex(native["loss_hex"], result["loss_hex"])
         rec["loss_match"], rec["first_loss_mismatch"] = cmp.identical, cmp.first_mismatch
@@ -408,6 +430,17 @@ def table(sweep: dict) -> str:
         ["ratio", "budget GiB", "method", "status", "step s", "TFLOPS", "H2D GB/step",
          "D2H GB/step", "H2D GB/s", "D2H GB/s", "bound s", "bound/step", "PCIe GB in/out",
          "PCIe bound s", "PCIe serial s", "losses"], rows)
+
+
+def serial_table(sweep: dict) -> str | None:
+    """psshim's runs against serial_bound; None if none has it."""
+    rows = [[benchlib.fmt(r.get("ratio"), "g"), r["method"], benchlib.fmt(r.get("median_step_s")),
+             benchlib.fmt(r["least_h2d_per_step"] / 1e9, ".2f"), benchlib.fmt(r["serial_bound_s"]),
+             benchlib.fmt(r["median_step_s"] / r["serial_bound_s"] if r.get("median_step_s") else None, ".0%")]
+            for r in sweep["runs"] if "serial_bound_s" in r]
+    if not rows:
+        return None
+    return benchlib.format_table(["ratio", "method", "step s", "least GB in", "serial bound s", "step/bound"], rows)
 
 
 def pager_table(sweep: dict) -> str | None:
@@ -514,6 +547,12 @@ def report(a, sweep: dict) -> int:
     print(f"native peak {benchlib.gib(sweep['peak_bytes'])} GiB ({sweep['peak_source']}); "
           f"bound = {sweep['bound']}; ~ = estimated bytes\n")
     print(table(sweep))
+    serial = serial_table(sweep)
+    if serial:
+        print("\npsshim against its serial bound: the native step less its optimizer step, plus "
+              "the least bytes the optimizer step must bring in (all it reads, less the budget) "
+              f"at {benchlib.H2D_BYTES_PER_S / 1e9:g} GB/s (see serial_bound)")
+        print(serial)
     pager = pager_table(sweep)
     if pager:
         print("\npsshim's pager (PSSHIM_STATS): moves, launches that waited for a copy, chunk "

@@ -1,0 +1,25 @@
+#!/usr/bin/env python3
+"""bench/paging_sweep.py's serial bound on made-up native numbers: the least bytes the
+optimizer step must bring in, its time at the copy rate, the table that shows it."""
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+import paging_sweep  # noqa: E402
+
+native = {"median_step_s": 0.38, "median_optimizer_s": 0.02, "optimizer_data_bytes": 43e9}
+b = paging_sweep.serial_bound(native, 29.5e9)
+assert b["least_h2d_per_step"] == 13.5e9, b
+assert abs(b["serial_bound_s"] - (0.36 + 13.5e9 / 55.4e9)) < 1e-12, b
+fits = paging_sweep.serial_bound(native, 50e9)
+assert fits == {"least_h2d_per_step": 0, "serial_bound_s": 0.38 - 0.02}, fits
+for missing in ("median_step_s", "median_optimizer_s", "optimizer_data_bytes"):
+    assert paging_sweep.serial_bound({k: v for k, v in native.items() if k != missing}, 29.5e9) == {}, missing
+assert paging_sweep.serial_bound(native, None) == {}
+
+run = {"ratio": 1.5, "method": "psshim-auto", "median_step_s": 0.764, **b}
+text = paging_sweep.serial_table({"runs": [run, {"ratio": 1.5, "method": "fsdp-offload"}]})
+row = [line for line in text.splitlines() if "psshim-auto" in line]
+assert len(row) == 1 and row[0].split()[2:] == ["0.764", "13.50", "0.604", "127%"], text
+assert paging_sweep.serial_table({"runs": [{"ratio": 1.5, "method": "fsdp-offload"}]}) is None
+print("serial bound ok")
