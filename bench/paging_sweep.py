@@ -474,7 +474,7 @@ def pager_table(sweep: dict) -> str | None:
 
 def plot(sweep: dict, path: str) -> str | None:
     """Step time vs ratio per method, with each method's lower bound (and for psshim's, native
-    step plus the link time of the bytes NVML saw cross); None when done."""
+    step plus the link time of the bytes NVML saw cross, and its serial bound); None when done."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -499,6 +499,10 @@ def plot(sweep: dict, path: str) -> str | None:
         if method.startswith("psshim") and serial:  # its in-place traffic does not overlap compute
             ax.plot([r["ratio"] for r in serial], [r["pcie_serial_s"] for r in serial], "-.", lw=1,
                     color=line.get_color(), label=f"{method}: native + its PCIe bytes' link time")
+        least = [r for r in ok if r.get("serial_bound_s")]
+        if least:
+            ax.plot([r["ratio"] for r in least], [r["serial_bound_s"] for r in least], "--", lw=1,
+                    color=line.get_color(), label=f"{method}: serial bound (optimizer step's least bytes)")
         for r in runs:
             if r["status"] not in ("ok", "skipped"):
                 ax.annotate(r["status"].upper(), (r["ratio"], 0.02), color=line.get_color(),
