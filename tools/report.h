@@ -65,12 +65,15 @@ bool rp_steady_marks(const struct rp_trace *t, size_t *first, size_t *last);
 
 /* ---- derived: the recorded accesses of one window of the run ---- */
 struct rp_access_op { uint32_t alloc; bool free; };
+struct rp_access_alloc {
+  uint64_t size;
+  /* the window's moments after which it holds data a kernel may read: -1 from before the
+   * window (a launch before it named it), m from its first touch, moment m, INT64_MAX
+   * never touched */
+  int64_t holds_from;
+};
 struct rp_accesses {
-  uint64_t *size; /* by allocation number (ALLOC records in time order) */
-  /* by allocation: the window's moments after which it holds data a kernel may read: -1
-   * from before the window (a launch before it named it), m from its first touch, moment
-   * m, INT64_MAX never touched */
-  int64_t *holds_from;
+  struct rp_access_alloc *alloc; /* by allocation number (ALLOC records in time order) */
   size_t nallocs;
   struct rp_access_op *ops; /* ALLOC and FREE in time order */
   size_t nops;
@@ -84,7 +87,8 @@ struct rp_accesses {
   bool periodic;     /* the window is one iteration */
   char window[64];
 };
-/* The steady phase's last complete iteration, else the whole run. False: out of memory. */
+/* The steady phase's last complete iteration, else the whole run. False (after one line on
+ * stderr): out of memory. */
 bool rp_accesses_gather(const struct rp_trace *t, struct rp_accesses *a);
 void rp_accesses_free(struct rp_accesses *a);
 
@@ -93,12 +97,12 @@ bool rp_text(const struct rp_trace *t, const struct rp_chunks *cs, FILE *out);
 bool rp_perfetto(const struct rp_trace *t, const char *path);
 bool rp_html(const struct rp_trace *t, const struct rp_chunks *cs, const char *path);
 /* Replays the recorded accesses with each chunk size in sizes[0..n) at budget bytes. */
-bool rp_chunk_advice(const struct rp_trace *t, const uint64_t *sizes, size_t n, uint64_t budget,
+bool rp_chunk_advice(const struct rp_accesses *a, const uint64_t *sizes, size_t n, uint64_t budget,
                      FILE *out);
-
 /* The least bytes any placement must bring onto the GPU in the accesses' window, at each of
- * budgets[0..n) (report_least.c says why it is a bound). */
-bool rp_least_traffic(const struct rp_trace *t, const uint64_t *budgets, size_t n, FILE *out);
+ * budgets[0..n) (report_least.c says why it is a bound); t gives what was paged in then. */
+bool rp_least_traffic(const struct rp_trace *t, const struct rp_accesses *a, const uint64_t *budgets, size_t n,
+                      FILE *out);
 
 /* ---- a map from 64-bit keys (addresses) to 64-bit values ---- */
 struct rp_map {

@@ -38,8 +38,7 @@ static int64_t live_holder(const struct live *l, size_t n, uint64_t addr) {
   } while (0)
 
 void rp_accesses_free(struct rp_accesses *a) {
-  free(a->size);
-  free(a->holds_from);
+  free(a->alloc);
   free(a->ops);
   free(a->touch);
   free(a->first);
@@ -68,7 +67,7 @@ static bool pick_window(const struct rp_trace *t, uint64_t *from, uint64_t *to, 
 }
 
 bool rp_accesses_gather(const struct rp_trace *t, struct rp_accesses *a) {
-  size_t cap_size = 0, cap_holds = 0, nholds = 0, cap_ops = 0, cap_touch = 0, cap_first = 0, nfirst = 0,
+  size_t cap_alloc = 0, cap_ops = 0, cap_touch = 0, cap_first = 0, nfirst = 0,
          cap_nm = 0, nlive = 0, cap_live = 0;
   struct live *live = NULL;
   uint64_t nonmodel = 0;
@@ -79,8 +78,7 @@ bool rp_accesses_gather(const struct rp_trace *t, struct rp_accesses *a) {
     if (r->type == PST_REC_SAMPLE) nonmodel = r->sample.nonmodel_gpu_bytes;
     if (r->type == PST_REC_ALLOC && r->alloc.size) {
       const uint32_t id = (uint32_t)a->nallocs;
-      PUSH(a->size, a->nallocs, cap_size, r->alloc.size);
-      PUSH(a->holds_from, nholds, cap_holds, INT64_MAX);
+      PUSH(a->alloc, a->nallocs, cap_alloc, ((struct rp_access_alloc){ r->alloc.size, INT64_MAX }));
       PUSH(a->ops, a->nops, cap_ops, ((struct rp_access_op){ id, false }));
       PUSH(live, nlive, cap_live, ((struct live){ 0 }));
       const size_t at = live_find(live, nlive - 1, r->alloc.addr);
@@ -95,7 +93,7 @@ bool rp_accesses_gather(const struct rp_trace *t, struct rp_accesses *a) {
     } else if (r->type == PST_REC_LAUNCH && r->ts_ns < a->from) {
       for (uint32_t k = 0; k < r->launch.n; k++) { /* what holds data when the window opens */
         const int64_t alloc = live_holder(live, nlive, r->launch.ptrs[k]);
-        if (alloc >= 0) a->holds_from[alloc] = -1;
+        if (alloc >= 0) a->alloc[alloc].holds_from = -1;
       }
     } else if (r->type == PST_REC_LAUNCH && r->ts_ns < a->to) {
       a->launches++;
@@ -107,7 +105,7 @@ bool rp_accesses_gather(const struct rp_trace *t, struct rp_accesses *a) {
         if (alloc < 0) continue; /* not into an allocation */
         a->matched++;
         PUSH(a->touch, a->ntouch, cap_touch, (uint32_t)alloc);
-        if (a->holds_from[alloc] == INT64_MAX) a->holds_from[alloc] = (int64_t)a->nmoments - 1;
+        if (a->alloc[alloc].holds_from == INT64_MAX) a->alloc[alloc].holds_from = (int64_t)a->nmoments - 1;
       }
     }
   }
@@ -117,5 +115,6 @@ bool rp_accesses_gather(const struct rp_trace *t, struct rp_accesses *a) {
 oom:
   free(live);
   rp_accesses_free(a);
+  fprintf(stderr, "psshim-report: out of memory\n");
   return false;
 }

@@ -127,7 +127,7 @@ static bool pack(const struct rp_accesses *a, uint64_t chunk_size, struct packin
   bool ok = p->chunk_of && p->off_of;
   for (size_t i = 0; i < a->nops && ok; i++) {
     const struct rp_access_op *o = &a->ops[i];
-    ok = o->free ? unplace(p, o->alloc, a->size[o->alloc]) : place(p, o->alloc, a->size[o->alloc], chunk_size);
+    ok = o->free ? unplace(p, o->alloc, a->alloc[o->alloc].size) : place(p, o->alloc, a->alloc[o->alloc].size, chunk_size);
   }
   if (!ok) packing_free(p);
   return ok;
@@ -191,33 +191,27 @@ static const char *env_size(uint64_t v, char *buf, size_t len) {
   return buf;
 }
 
-bool rp_chunk_advice(const struct rp_trace *t, const uint64_t *sizes, size_t n, uint64_t budget, FILE *out) {
-  struct rp_accesses a;
+bool rp_chunk_advice(const struct rp_accesses *a, const uint64_t *sizes, size_t n, uint64_t budget, FILE *out) {
   char b[32], c[32];
-  if (!rp_accesses_gather(t, &a)) {
-    fprintf(stderr, "psshim-report: out of memory\n");
-    return false;
-  }
-  const uint32_t iterations = a.periodic ? 3 : 1;
+  const uint32_t iterations = a->periodic ? 3 : 1;
   fprintf(out, "\nCHUNK SIZE ADVICE\n");
-  fprintf(out, "  replaying %s: %llu launches, %llu of their %llu pointers into %zu allocations\n", a.window,
-          (unsigned long long)a.launches, (unsigned long long)a.matched, (unsigned long long)a.pointers, a.nallocs);
-  if (!a.matched) {
+  fprintf(out, "  replaying %s: %llu launches, %llu of their %llu pointers into %zu allocations\n", a->window,
+          (unsigned long long)a->launches, (unsigned long long)a->matched, (unsigned long long)a->pointers, a->nallocs);
+  if (!a->matched) {
     fprintf(out, "  nothing to replay: no launch pointer falls inside an ALLOC'd range\n");
-    rp_accesses_free(&a);
     return true;
   }
   fprintf(out, "  GPU budget %s for chunks and non-model memory (sampled) together, as policy/ counts it\n",
           rp_bytes(budget, b, sizeof b));
   fprintf(out, "  %s; every touched chunk counted as written\n",
-          a.periodic ? "bytes moved per iteration once warm (the third of three replayed)" : "bytes moved from a cold start");
+          a->periodic ? "bytes moved per iteration once warm (the third of three replayed)" : "bytes moved from a cold start");
   fprintf(out, "  %10s %8s %11s %11s %13s %13s %11s\n", "chunk size", "chunks", "footprint", "OPT page-ins",
           "OPT moved MB", "LRU moved MB", "in place");
   struct result best = { 0 };
   bool ok = true;
   for (size_t i = 0; i < n && ok; i++) {
     struct result r;
-    ok = replay(&a, sizes[i], budget, iterations, &r);
+    ok = replay(a, sizes[i], budget, iterations, &r);
     if (!ok) break;
     fprintf(out, "  %10s %8zu %11s %11llu %13.1f %13.1f %11llu\n", rp_bytes(r.chunk_size, b, sizeof b), r.chunks,
             rp_bytes(r.footprint, c, sizeof c), (unsigned long long)r.opt.page_ins, (double)moved(&r.opt) / 1e6,
@@ -239,6 +233,5 @@ bool rp_chunk_advice(const struct rp_trace *t, const uint64_t *sizes, size_t n, 
   } else {
     fprintf(stderr, "psshim-report: chunk-size replay failed (out of memory)\n");
   }
-  rp_accesses_free(&a);
   return ok;
 }

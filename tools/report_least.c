@@ -40,9 +40,9 @@ static bool least_in(const struct rp_accesses *a, const uint64_t *budgets, size_
       for (size_t m = cut_at(k - 1, ncuts, n); m < cut_at(k, ncuts, n); m++)
         for (size_t u = a->first[m]; u < a->first[m + 1]; u++) {
           const uint32_t alloc = a->touch[u];
-          if (seen[alloc] != i + 1 && a->holds_from[alloc] < (int64_t)start) {
+          if (seen[alloc] != i + 1 && a->alloc[alloc].holds_from < (int64_t)start) {
             seen[alloc] = (uint32_t)(i + 1);
-            read += a->size[alloc];
+            read += a->alloc[alloc].size;
           }
         }
       if (i == 0 && k == ncuts) *read_all = read;
@@ -58,41 +58,34 @@ static bool least_in(const struct rp_accesses *a, const uint64_t *budgets, size_
   return true;
 }
 
-bool rp_least_traffic(const struct rp_trace *t, const uint64_t *budgets, size_t nb, FILE *out) {
-  struct rp_accesses a;
-  if (!rp_accesses_gather(t, &a)) {
-    fprintf(stderr, "psshim-report: out of memory\n");
-    return false;
-  }
+bool rp_least_traffic(const struct rp_trace *t, const struct rp_accesses *a, const uint64_t *budgets, size_t nb,
+                      FILE *out) {
   fprintf(out, "\nLEAST TRAFFIC (a lower bound for any placement; MB = 10^6 bytes)\n");
-  if (!a.matched || !nb) {
+  if (!a->matched || !nb) {
     fprintf(out, "  nothing to bound: %s\n", !nb ? "no GPU budget recorded (give --least=SIZES)"
                                                  : "no launch pointer falls inside an ALLOC'd range");
-    rp_accesses_free(&a);
     return true;
   }
   uint64_t *best = calloc(nb, sizeof *best), read_all = 0, paged_in = 0;
-  if (!best || !least_in(&a, budgets, nb, best, &read_all)) {
+  if (!best || !least_in(a, budgets, nb, best, &read_all)) {
     free(best);
-    rp_accesses_free(&a);
     fprintf(stderr, "psshim-report: out of memory\n");
     return false;
   }
   for (size_t i = 0; i < t->nev; i++) {
     const struct pst_record *r = &t->ev[i];
-    if (r->type == PST_REC_MIGRATION && r->migration.direction == PST_DIR_H2D && r->ts_ns >= a.from &&
-        r->ts_ns < a.to)
+    if (r->type == PST_REC_MIGRATION && r->migration.direction == PST_DIR_H2D && r->ts_ns >= a->from &&
+        r->ts_ns < a->to)
       paged_in += r->migration.bytes;
   }
   char b1[32];
-  fprintf(out, "  %s: %llu launches read %.1f MB of data they did not write first\n", a.window,
-          (unsigned long long)a.launches, (double)read_all / 1e6);
+  fprintf(out, "  %s: %llu launches read %.1f MB of data they did not write first\n", a->window,
+          (unsigned long long)a->launches, (double)read_all / 1e6);
   fprintf(out, "  at least onto the GPU, paged in or read in place, whatever the placement:\n");
   for (size_t b = 0; b < nb; b++)
     fprintf(out, "    GPU budget %10s  %12.1f MB\n", rp_bytes(budgets[b], b1, sizeof b1), (double)best[b] / 1e6);
   fprintf(out, "  this run paged in %.1f MB then; its in-place reads are not recorded (see the sites' in place lines)\n",
           (double)paged_in / 1e6);
   free(best);
-  rp_accesses_free(&a);
   return true;
 }

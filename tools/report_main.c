@@ -118,9 +118,12 @@ int main(int argc, char **argv) {
   bool ok = rp_chunks_build(&t, &cs);
   if (!ok) fprintf(stderr, "psshim-report: out of memory\n");
   ok = ok && rp_text(&t, &cs, stdout);
-  if (ok) ok = least ? rp_least_traffic(&t, least, nleast, stdout)
-                    : rp_least_traffic(&t, &t.hdr.gpu_budget, t.hdr.gpu_budget != 0, stdout);
-  if (ok && sizes) ok = rp_chunk_advice(&t, sizes, nsizes, budget, stdout);
+  struct rp_accesses acc = { 0 }; /* the least-traffic bound and the chunk-size replay read one gathering */
+  ok = ok && rp_accesses_gather(&t, &acc);
+  if (ok) ok = least ? rp_least_traffic(&t, &acc, least, nleast, stdout)
+                    : rp_least_traffic(&t, &acc, &t.hdr.gpu_budget, t.hdr.gpu_budget != 0, stdout);
+  if (ok && sizes) ok = rp_chunk_advice(&acc, sizes, nsizes, budget, stdout);
+  rp_accesses_free(&acc);
   if (ok && perfetto) ok = rp_perfetto(&t, perfetto);
   if (ok && html) ok = rp_html(&t, &cs, html);
   if (t.error[0])
