@@ -227,7 +227,7 @@ bool rp_chunk_advice(const struct rp_accesses *a, const uint64_t *sizes, size_t 
             env_size(best.chunk_size, b, sizeof b), (double)moved(&best.opt) / 1e6, rp_bytes(best.footprint, c, sizeof c));
     /* psshim's pager reads host frames in place rather than paging every touch in, and
      * packs a tensor larger than a chunk into whole chunks: on the H200 this ranking put
-     * 16M first where 4M ran 5.5% faster (bench/results, session 10). */
+     * 16M first where 4M ran 5.5% faster (bench/results/study_run35.json). */
     fprintf(out, "  (copies under demand paging, not step time: psshim also reads host frames in place;\n"
                  "   measure the step at the sizes that copy least)\n");
   } else {
