@@ -235,10 +235,8 @@ void psa_atfork_parent(void)
       pthread_mutex_unlock(&psa_devices[i].lock);
 }
 
-bool psa_in_forked_child(void) { return psa_forked_child; }
-
 void psa_atfork_child(void)
 {
-  psa_forked_child = true;
+  ps_mark_forked_child();
   psa_atfork_parent();
 }

@@ -9,6 +9,8 @@
 #ifndef PSSHIM_ALLOCATOR_H
 #define PSSHIM_ALLOCATOR_H
 
+#include "core/core.h"
+
 #include <cuda.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -49,20 +51,26 @@ enum psa_where psa_chunk_where(int ordinal, uint64_t chunk);
  * guarantees no new kernel touches the chunk meanwhile. Only live ranges are copied. */
 CUresult psa_chunk_migrate(int ordinal, uint64_t chunk, enum psa_where to);
 
-struct pst_launch;
-/* The pager's view of an observed launch or transfer (from the tracer's session): brackets
- * the chunks it touches (enter/exit) so no migration races it, and with PSSHIM_POLICY=auto
- * decides what to move. */
-void psa_on_moment(const struct pst_launch *l, bool enter);
-/* The first iteration boundary has passed (from the tracer's session): under torchrun the
- * node's ranks compare what they allocated until then, and a difference is said on every
- * rank in one line. Waits for the other ranks (PSSHIM_COMM_TIMEOUT_S at most). */
+/* The first device set up calls ready(h, user) once, before any thread may allocate on
+ * it, with the trace header that describes it: observation that starts there sees every
+ * launch that can touch a chunk. Set once, before the first allocation. */
+struct pst_trace_header;
+void psa_on_first_device(void (*ready)(const struct pst_trace_header *h, void *user), void *user);
+
+/* The pager's view of an observed launch or transfer: brackets the chunks it touches
+ * (enter/exit) so no migration races it, and with PSSHIM_POLICY=auto decides what to
+ * move. period: the training iteration's length in moments once known and trusted, else
+ * 0 (then nothing is planned). */
+void psa_on_moment(const struct ps_moment *m, bool enter, uint64_t period);
+/* The first iteration boundary has passed: under torchrun the node's ranks compare what
+ * they allocated until then, and a difference is said on every rank in one line. Waits
+ * for the other ranks (PSSHIM_COMM_TIMEOUT_S at most). */
 void psa_first_iteration_done(void);
-/* An iteration boundary has passed (from the tracer's session; every rank of the node meets
- * it at the same launch when they run the same program): under torchrun with
+/* An iteration boundary of `period` moments has passed (every rank of the node meets it
+ * at the same launch when they run the same program): under torchrun with
  * PSSHIM_POLICY=auto, host chunks equal on every rank at two boundaries in a row become
  * shared, each rank holding 1/N of them (allocator/shard.c). Waits for the other ranks. */
-void psa_shard_boundary(void);
+void psa_shard_boundary(uint64_t period);
 
 /* Memory in use on `ordinal` as a memory pool would count it: reserved = bytes of the frames
  * its chunks hold, used = bytes of live allocations; highs since the last reset. False
@@ -113,14 +121,19 @@ void psa_stats_get(struct psa_stats *s);
 /* Whether this process set up any device: a launcher that never used the GPU (timeout,
  * torchrun) has no statistics to give. */
 bool psa_any_device(void);
+/* What observation found, for the statistics: moments observed, iteration boundaries
+ * passed, and the period adopted (0: none yet). */
+struct psa_progress {
+  uint64_t launches, iterations, period;
+};
 /* PSSHIM_STATS output: text (json=false) or one JSON object. */
-void psa_stats_write(FILE *f, bool json);
+void psa_stats_write(FILE *f, bool json, const struct psa_progress *p);
 
 /* Fork: the child of a process that used CUDA cannot use it (CUDA's rule); its doors
- * pass through from then on. Registered by the shim's constructor. */
+ * pass through from then on (core's forked-child flag). Registered by the shim's
+ * constructor. */
 void psa_atfork_prepare(void);
 void psa_atfork_parent(void);
 void psa_atfork_child(void);
-bool psa_in_forked_child(void);
 
 #endif

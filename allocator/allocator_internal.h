@@ -4,7 +4,7 @@
 
 #include "allocator/allocator.h"
 #include "policy/policy.h"
-#include "shim/shim.h"
+#include "core/core.h"
 #include "tracer/tracer.h"
 
 #include <pthread.h>
@@ -145,7 +145,6 @@ struct device {
 extern struct device psa_devices[PSA_MAX_DEVICES];
 /* [lo, hi) of each ready device's reservation, read without the lock by psa_owns. */
 extern _Atomic uint64_t psa_space_lo[PSA_MAX_DEVICES], psa_space_hi[PSA_MAX_DEVICES];
-extern bool psa_forked_child;
 
 /* space.c */
 struct device *psa_device_get(int ordinal); /* sets the device up on first use; NULL on failure */

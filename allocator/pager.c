@@ -488,9 +488,8 @@ uint32_t psa_frame_for(struct device *d, uint64_t period, uint64_t need)
  * GPT the young alone outgrow the GPU). Then the host chunks needed soonest go into free
  * GPU frames beyond the margin, or into the frames of GPU chunks needed later than they
  * are (Belady), where the move pays. */
-static void plan(struct device *d, uint64_t now)
+static void plan(struct device *d, uint64_t now, uint64_t period)
 {
-  uint64_t period = pst_session_period();
   if (!period)
     return;
   psp_cand *fetch = d->cands, *victims = d->cands + d->nchunks;
@@ -554,7 +553,7 @@ static void plan(struct device *d, uint64_t now)
  * span, holding each device's lock once per launch (pointers come sorted, so pointers of
  * one span, and of one device, are neighbours). */
 struct visit {
-  const struct pst_launch *l;
+  const struct ps_moment *l;
   struct device *marked; /* the device `mark` belongs to */
   struct psa_mark *mark;
   struct psa_mark *ahead; /* exit: the mark PSSHIM_RUNAHEAD launches back on ahead_dev */
@@ -565,7 +564,7 @@ static void for_each_chunk(struct visit *v, void (*fn)(struct device *, uint64_t
 {
   struct device *locked = NULL;
   const struct span *last = NULL;
-  const struct pst_launch *l = v->l;
+  const struct ps_moment *l = v->l;
   for (uint32_t k = 0; k < l->nptrs; k++) {
     int ordinal;
     int64_t chunk = psa_chunk_of(l->ptrs[k], &ordinal);
@@ -645,21 +644,23 @@ static void exit_chunk(struct device *d, uint64_t chunk, struct visit *v)
 }
 
 /* fn(d, l) for every ready device, under its lock. */
-static void each_device(void (*fn)(struct device *, const struct pst_launch *), const struct pst_launch *l)
+static void each_device(void (*fn)(struct device *, const struct ps_moment *, uint64_t), const struct ps_moment *l,
+                        uint64_t period)
 {
   for (int i = 0; i < PSA_MAX_DEVICES; i++) {
     struct device *d = &psa_devices[i];
     if (!d->ready)
       continue;
     pthread_mutex_lock(&d->lock);
-    fn(d, l);
+    fn(d, l, period);
     pthread_mutex_unlock(&d->lock);
   }
 }
 
 /* The launch's stream waits for every copy still in flight on the device. */
-static void wait_copies(struct device *d, const struct pst_launch *l)
+static void wait_copies(struct device *d, const struct ps_moment *l, uint64_t period)
 {
+  (void)period;
   for (uint32_t k = 0; k < d->ncopying;) {
     uint64_t chunk = d->copying[k];
     struct psa_mark *copy = d->chunks[chunk].copy;
@@ -675,14 +676,14 @@ static void wait_copies(struct device *d, const struct pst_launch *l)
  * and so may work being captured into a graph, which runs later: paging stops for good,
  * said once. Nothing moves again, so only the copies already in flight matter: work that
  * runs now (stream not capturing) waits for them on its stream. */
-static void stop_paging(const struct pst_launch *l, bool capturing)
+static void stop_paging(const struct ps_moment *l, bool capturing)
 {
   psa_shard_stop();
   if (!atomic_exchange(&paging_off, true))
     ps_log(PS_LOG_WARN, "%s: its memory accesses cannot be observed, so paging stops (placement stays as it is)",
            capturing ? "a stream is capturing a CUDA graph" : l->name ? l->name : "a CUDA graph launch");
   if (!capturing)
-    each_device(wait_copies, l);
+    each_device(wait_copies, l, 0);
 }
 
 /* Whether work on stream s is being captured into a graph rather than run (an error
@@ -756,7 +757,7 @@ static uint64_t plan_every(void)
  * brings plans back to every plan_every() launches. On the 2.68B GPT's trace replayed
  * here, that took plans from 3177 to 1098 and their time by half, moving as much. Frames
  * left behind by moves are freed as often as plans were. */
-static void poll_and_plan(struct device *d, const struct pst_launch *l)
+static void poll_and_plan(struct device *d, const struct ps_moment *l, uint64_t period)
 {
   uint64_t every = plan_every();
   uint64_t start = psa_now_ns();
@@ -764,8 +765,8 @@ static void poll_and_plan(struct device *d, const struct pst_launch *l)
   d->stats.poll_ns += psa_now_ns() - start;
   if (l->seq >= d->next_plan) {
     uint64_t moves = d->stats.migrations_to_gpu + d->stats.migrations_to_host;
-    plan(d, l->seq + 1);
-    uint64_t most = pst_session_period() / PSP_PHASES;
+    plan(d, l->seq + 1, period);
+    uint64_t most = period / PSP_PHASES;
     if (most > ps_options.runahead)
       most = ps_options.runahead;
     bool idle = moves == d->stats.migrations_to_gpu + d->stats.migrations_to_host;
@@ -778,7 +779,7 @@ static void poll_and_plan(struct device *d, const struct pst_launch *l)
   d->stats.plan_ns += psa_now_ns() - start;
 }
 
-void psa_on_moment(const struct pst_launch *l, bool enter)
+void psa_on_moment(const struct ps_moment *l, bool enter, uint64_t period)
 {
   if (enter) {
     bool capture = l->nptrs && capturing(l->stream);
@@ -798,5 +799,5 @@ void psa_on_moment(const struct pst_launch *l, bool enter)
   if (enter || ps_options.policy != PS_POLICY_AUTO || atomic_load(&paging_off))
     return;
   if (l->seq % plan_every() == 0)
-    each_device(poll_and_plan, l);
+    each_device(poll_and_plan, l, period);
 }

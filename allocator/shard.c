@@ -553,13 +553,12 @@ static void one_boundary(struct device *d, uint64_t period)
   pthread_mutex_unlock(&d->lock);
 }
 
-void psa_shard_boundary(void)
+void psa_shard_boundary(uint64_t period)
 {
   if (psc_nranks() < 2 || !atomic_load(&psa_allocs_agree) || ps_options.policy != PS_POLICY_AUTO ||
       atomic_load(&stopped))
     return;
   struct device *d = first_device();
-  uint64_t period = pst_session_period();
   if (!d || !period)
     return;
   /* A boundary met while another thread holds a round (NCCL's own threads among them, while

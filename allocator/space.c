@@ -14,7 +14,6 @@ _Atomic uint64_t psa_space_lo[PSA_MAX_DEVICES], psa_space_hi[PSA_MAX_DEVICES];
  * (the tracer asks this of every word of every launch's parameters). */
 static _Atomic uint64_t hull_lo = UINT64_MAX, hull_hi;
 static _Atomic int devices_hi; /* one past the highest ordinal set up */
-bool psa_forked_child;
 _Atomic bool psa_allocs_agree;
 static pthread_mutex_t setup_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -190,20 +189,28 @@ static bool setup(struct device *d, int ordinal)
   return true;
 }
 
-/* The first device starts the process's observation session (trace, launches). */
-static void start_session(struct device *d)
+static void (*first_device_ready)(const struct pst_trace_header *, void *);
+static void *first_device_user;
+
+void psa_on_first_device(void (*ready)(const struct pst_trace_header *h, void *user), void *user)
 {
-  static bool started;
-  if (started)
+  first_device_ready = ready;
+  first_device_user = user;
+}
+
+/* The first device set up tells whoever asked (the shim starts observation there). */
+static void tell_first_device(struct device *d)
+{
+  static bool told;
+  if (told || !first_device_ready)
     return;
-  started = true;
+  told = true;
   struct pst_trace_header h = {.chunk_size = d->chunk_size, .gpu_budget = d->stats.gpu_budget,
                                .host_budget = d->stats.host_budget, .space_base = d->base,
                                .space_size = d->nchunks * d->chunk_size};
-  CUresult (*get_name)(char *, int, CUdevice) = (CUresult(*)(char *, int, CUdevice))ps_driver_symbol("cuDeviceGetName");
-  if (!get_name || get_name(h.device, sizeof h.device, d->dev) != CUDA_SUCCESS)
+  if (!ps_driver.cuDeviceGetName || ps_driver.cuDeviceGetName(h.device, sizeof h.device, d->dev) != CUDA_SUCCESS)
     snprintf(h.device, sizeof h.device, "device %d", d->ordinal);
-  pst_session_start(&h);
+  first_device_ready(&h, first_device_user);
 }
 
 struct device *psa_device_get(int ordinal)
@@ -219,7 +226,7 @@ struct device *psa_device_get(int ordinal)
     if (setup(d, ordinal)) {
       /* Observation starts before any other thread may use the device: a launch that
        * slipped past it would be invisible to the pager. */
-      start_session(d);
+      tell_first_device(d);
       __atomic_store_n(&d->ready, true, __ATOMIC_RELEASE);
     } else {
       d->failed = true;

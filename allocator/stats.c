@@ -32,12 +32,11 @@ bool psa_any_device(void)
 
 static double mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }
 
-void psa_stats_write(FILE *f, bool json)
+void psa_stats_write(FILE *f, bool json, const struct psa_progress *p)
 {
   struct psa_stats s;
   psa_stats_get(&s);
-  uint64_t launches, iterations;
-  pst_session_progress(&launches, &iterations);
+  uint64_t launches = p->launches, iterations = p->iterations;
   /* Fill at the peak: how much of the mapped chunk space live tensors used when it counted. */
   double fill = s.mapped_at_peak ? 100.0 * (double)s.peak_live_bytes / (double)s.mapped_at_peak : 0;
   if (json) {
@@ -69,7 +68,7 @@ void psa_stats_write(FILE *f, bool json)
             (unsigned long long)s.bytes_h2d, (unsigned long long)s.bytes_d2h,
             (unsigned long long)s.copy_waits, (unsigned long long)s.touches_gpu,
             (unsigned long long)s.touches_host, (unsigned long long)launches, (unsigned long long)iterations,
-            (unsigned long long)pst_session_period(), (unsigned long long)s.plans,
+            (unsigned long long)p->period, (unsigned long long)s.plans,
             (unsigned long long)s.plans_no_fetch, (unsigned long long)s.plans_no_victim,
             (unsigned long long)s.plans_belady, (unsigned long long)s.plans_no_gain,
             (unsigned long long)s.margin_frames, (unsigned long long)s.plan_ns, (unsigned long long)s.move_ns,

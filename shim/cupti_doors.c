@@ -1,7 +1,8 @@
 /* CUPTI doors: the program's own CUPTI subscriber (a profiler) shares psshim's
  * subscription instead of being refused (tracer/cupti_guest.c); what psshim does not
  * serve goes to the real CUPTI. */
-#include "shim/shim_internal.h"
+#include "shim/shim.h"
+#include "tracer/observe.h"
 #include "tracer/tracer.h"
 
 #include <cupti.h>

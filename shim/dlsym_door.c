@@ -8,7 +8,7 @@
  * flags; psshim swaps in its door only when the address returned is one it replaces,
  * so version and per-thread-stream choices are the driver's. */
 #include "allocator/allocator.h"
-#include "shim/shim_internal.h"
+#include "shim/shim.h"
 
 #include <cuda_runtime_api.h>
 #include <cupti.h>
@@ -187,6 +187,7 @@ PS_DEFAULT_VISIBILITY CUresult cuGetProcAddress_v2(const char *symbol, void **pf
 
 PS_DEFAULT_VISIBILITY CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
 {
+  /* By its exported name: cuda.h makes cuGetProcAddress a macro for the _v2 form. */
   static CUresult (*real_v1)(const char *, void **, int, cuuint64_t);
   if (!real_v1)
     real_v1 = (CUresult(*)(const char *, void **, int, cuuint64_t))ps_driver_symbol("cuGetProcAddress");

@@ -2,14 +2,9 @@
  * (versioned) names so LD_PRELOAD, dlsym and cuGetProcAddress all reach them. Anything
  * psshim does not serve goes to the real entry point in ps_driver. */
 #include "allocator/allocator.h"
-#include "shim/shim_internal.h"
+#include "shim/shim.h"
 
 #include <stdint.h>
-
-static CUresult (*real_alloc_async_ptsz)(CUdeviceptr *, size_t, CUstream);
-static CUresult (*real_free_async_ptsz)(CUdeviceptr, CUstream);
-static CUresult (*real_alloc_pool_ptsz)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
-static CUresult (*real_get_mem_pool)(CUmemoryPool *, CUdevice);
 
 /* The device of the calling thread's current context, as the driver API defines it;
  * false when there is none (then the real call reports the error the caller expects). */
@@ -36,9 +31,8 @@ bool ps_pool_is_current(CUmemoryPool pool)
 {
   int ordinal;
   CUmemoryPool current = NULL;
-  if (!real_get_mem_pool)
-    real_get_mem_pool = (CUresult(*)(CUmemoryPool *, CUdevice))ps_driver_symbol("cuDeviceGetMemPool");
-  return real_get_mem_pool && ps_current_device(&ordinal) && real_get_mem_pool(&current, (CUdevice)ordinal) == CUDA_SUCCESS &&
+  return ps_driver.cuDeviceGetMemPool && ps_current_device(&ordinal) &&
+         ps_driver.cuDeviceGetMemPool(&current, (CUdevice)ordinal) == CUDA_SUCCESS &&
          current == pool;
 }
 
@@ -88,18 +82,14 @@ PS_DEFAULT_VISIBILITY CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t by
   CUresult r = dptr ? serve_alloc(dptr, bytesize, per_thread(hStream)) : CUDA_ERROR_NOT_SUPPORTED;
   if (r != CUDA_ERROR_NOT_SUPPORTED)
     return r;
-  if (!real_alloc_async_ptsz)
-    real_alloc_async_ptsz = (CUresult(*)(CUdeviceptr *, size_t, CUstream))ps_driver_symbol("cuMemAllocAsync_ptsz");
-  return real_alloc_async_ptsz ? real_alloc_async_ptsz(dptr, bytesize, hStream) : CUDA_ERROR_NOT_FOUND;
+  return ps_driver.cuMemAllocAsync_ptsz ? ps_driver.cuMemAllocAsync_ptsz(dptr, bytesize, hStream) : CUDA_ERROR_NOT_FOUND;
 }
 
 PS_DEFAULT_VISIBILITY CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
 {
   if (psa_owns(dptr))
     return psa_free(dptr, per_thread(hStream), false);
-  if (!real_free_async_ptsz)
-    real_free_async_ptsz = (CUresult(*)(CUdeviceptr, CUstream))ps_driver_symbol("cuMemFreeAsync_ptsz");
-  return real_free_async_ptsz ? real_free_async_ptsz(dptr, hStream) : CUDA_ERROR_NOT_FOUND;
+  return ps_driver.cuMemFreeAsync_ptsz ? ps_driver.cuMemFreeAsync_ptsz(dptr, hStream) : CUDA_ERROR_NOT_FOUND;
 }
 
 PS_DEFAULT_VISIBILITY CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
@@ -109,10 +99,8 @@ PS_DEFAULT_VISIBILITY CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, s
                                                            : CUDA_ERROR_NOT_SUPPORTED;
   if (r != CUDA_ERROR_NOT_SUPPORTED)
     return r;
-  if (!real_alloc_pool_ptsz)
-    real_alloc_pool_ptsz =
-        (CUresult(*)(CUdeviceptr *, size_t, CUmemoryPool, CUstream))ps_driver_symbol("cuMemAllocFromPoolAsync_ptsz");
-  return real_alloc_pool_ptsz ? real_alloc_pool_ptsz(dptr, bytesize, pool, hStream) : CUDA_ERROR_NOT_FOUND;
+  return ps_driver.cuMemAllocFromPoolAsync_ptsz ? ps_driver.cuMemAllocFromPoolAsync_ptsz(dptr, bytesize, pool, hStream)
+                                                : CUDA_ERROR_NOT_FOUND;
 }
 
 PS_DEFAULT_VISIBILITY CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)

@@ -1,9 +1,7 @@
 /* Start and end of the process: options, the PyTorch allocator setting, fork handlers,
  * statistics at exit. The driver itself is loaded at the first door that needs it, so a
  * process that never touches CUDA (a DataLoader worker, a shell) pays nothing. */
-#include "allocator/allocator.h"
-#include "tracer/tracer.h"
-#include "shim/shim_internal.h"
+#include "shim/shim.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -13,7 +11,7 @@ static bool options_ok;
 
 bool ps_active(void)
 {
-  return options_ok && !ps_options.disabled && !ps_own_calls_anywhere() && !psa_in_forked_child() && ps_driver_load();
+  return options_ok && !ps_options.disabled && !ps_own_calls_anywhere() && !ps_in_forked_child() && ps_driver_load();
 }
 
 /* With torch's default caching allocator psshim would see ~60 large segments; with
@@ -38,20 +36,22 @@ __attribute__((constructor)) static void psshim_start(void)
   if (ps_options.disabled)
     return;
   steer_pytorch();
+  ps_wiring_init();
   pthread_atfork(psa_atfork_prepare, psa_atfork_parent, psa_atfork_child);
 }
 
 __attribute__((destructor)) static void psshim_end(void)
 {
-  if (!options_ok || psa_in_forked_child())
+  if (!options_ok || ps_in_forked_child())
     return;
-  pst_session_end();
+  ps_wiring_end();
   /* A launcher (timeout, torchrun) that never used the GPU would overwrite the statistics
    * of the program it ran. */
   if (!ps_options.stats || !psa_any_device())
     return;
+  struct psa_progress progress = ps_wiring_progress();
   if (!ps_options.stats_path) {
-    psa_stats_write(stderr, false);
+    psa_stats_write(stderr, false, &progress);
     return;
   }
   FILE *f = fopen(ps_options.stats_path, "w");
@@ -59,6 +59,6 @@ __attribute__((destructor)) static void psshim_end(void)
     ps_error("PSSHIM_STATS=%s: cannot write the file", ps_options.stats_path);
     return;
   }
-  psa_stats_write(f, true);
+  psa_stats_write(f, true, &progress);
   fclose(f);
 }

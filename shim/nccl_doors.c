@@ -5,7 +5,8 @@
  * real NCCL. Inside ncclGroupStart/End the work is enqueued at the group's end, so the
  * moments' exits wait for it. psshim's own communicator (comm/) calls NCCL directly. */
 #include "allocator/allocator.h"
-#include "shim/shim_internal.h"
+#include "shim/shim.h"
+#include "tracer/observe.h"
 #include "tracer/tracer.h"
 
 #include <nccl.h>
@@ -16,7 +17,7 @@ static const char *const nccl_sonames[] = {"libnccl.so.2", "libnccl.so", NULL};
 #define REAL_NCCL(name) PS_REAL(name, nccl_sonames)
 
 struct collective {
-  struct pst_launch l;
+  struct ps_moment l;
   uint64_t ptrs[2];
 };
 
@@ -49,7 +50,7 @@ static void enter(struct collective *c, const char *name, const void *a, const v
     c->ptrs[1] = pa;
   }
   c->l.ptrs = c->ptrs;
-  c->l.kind = PST_MOMENT_COLLECTIVE;
+  c->l.kind = PS_MOMENT_COLLECTIVE;
   c->l.name = name;
   c->l.stream = (uint64_t)(uintptr_t)stream;
   c->l.bytes = bytes;

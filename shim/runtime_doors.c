@@ -2,7 +2,7 @@
  * dynamically, so these exported names win under LD_PRELOAD), and PyTorch's
  * pluggable-allocator entry points. What psshim does not serve goes to the real cudart. */
 #include "allocator/allocator.h"
-#include "shim/shim_internal.h"
+#include "shim/shim.h"
 
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
@@ -229,7 +229,8 @@ PS_DEFAULT_VISIBILITY size_t psshim_stats_json(char *buf, size_t len)
   FILE *f = open_memstream(&text, &n);
   if (!f)
     return 0;
-  psa_stats_write(f, true);
+  struct psa_progress progress = ps_wiring_progress();
+  psa_stats_write(f, true, &progress);
   if (fclose(f) != 0) {
     free(text);
     return 0;

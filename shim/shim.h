@@ -1,136 +1,47 @@
-/* shim/ — psshim's doors to the process, and its one way out to the driver.
+/* shim/ — psshim's doors to the process, and the wiring above everything else.
  *
- * In: exported CUDA runtime/driver allocation symbols, the dlsym and cuGetProcAddress
- * overrides, PyTorch's pluggable-allocator entry points, constructor and destructor.
- * Out: ps_driver, the single table of CUDA driver entry points every other folder calls
- * (filled by dlopen of libcuda.so.1 at run time; the test driver stands in the same way).
- * Also: the options table read from the environment, and logging. */
+ * The doors: exported CUDA runtime and driver allocation symbols, the dlsym and
+ * cuGetProcAddress overrides, PyTorch's pluggable-allocator entry points, the CUPTI and
+ * NCCL doors, constructor and destructor. The wiring (wiring.c) connects observation
+ * (tracer/) to paging and sharing (allocator/). Nothing below shim/ includes this header;
+ * its exported symbols are the program's, never another folder's. */
 #ifndef PSSHIM_SHIM_H
 #define PSSHIM_SHIM_H
 
-#include <cuda.h>
-#include <stdbool.h>
-#include <stddef.h>
-#include <stdint.h>
+#include "allocator/allocator.h"
+#include "core/core.h"
 
-/* ---- logging: nothing unless PSSHIM_LOG asks; always stderr, always "psshim: " ---- */
-enum ps_log_level { PS_LOG_OFF = 0, PS_LOG_ERROR, PS_LOG_WARN, PS_LOG_INFO, PS_LOG_DEBUG };
-extern int ps_log_level;
-void ps_log_write(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-#define ps_log(level, ...) \
-  do { if ((level) <= ps_log_level) ps_log_write((level), __VA_ARGS__); } while (0)
-/* An error the user must see (bad configuration, both budgets exhausted): printed at
- * PSSHIM_LOG=error and above, and error is the default level. */
-#define ps_error(...) ps_log(PS_LOG_ERROR, __VA_ARGS__)
+/* wiring.c: registered at start (observation starts with the first device set up); the
+ * progress it saw, for the statistics; its end at exit (no CUPTI calls). */
+void ps_wiring_init(void);
+struct psa_progress ps_wiring_progress(void);
+void ps_wiring_end(void);
 
-/* ---- the driver table ---- */
-#define PS_DRIVER_FUNCS(X)                                                            \
-  X(cuInit, CUresult, (unsigned int))                                                 \
-  X(cuDriverGetVersion, CUresult, (int *))                                            \
-  X(cuGetErrorName, CUresult, (CUresult, const char **))                              \
-  X(cuDeviceGet, CUresult, (CUdevice *, int))                                         \
-  X(cuDeviceGetCount, CUresult, (int *))                                              \
-  X(cuDeviceGetAttribute, CUresult, (int *, CUdevice_attribute, CUdevice))            \
-  X(cuDeviceTotalMem_v2, CUresult, (size_t *, CUdevice))                              \
-  X(cuDevicePrimaryCtxRetain, CUresult, (CUcontext *, CUdevice))                      \
-  X(cuCtxGetCurrent, CUresult, (CUcontext *))                                         \
-  X(cuCtxSetCurrent, CUresult, (CUcontext))                                           \
-  X(cuCtxGetDevice, CUresult, (CUdevice *))                                           \
-  X(cuCtxSynchronize, CUresult, (void))                                               \
-  X(cuMemGetInfo_v2, CUresult, (size_t *, size_t *))                                  \
-  X(cuMemAlloc_v2, CUresult, (CUdeviceptr *, size_t))                                 \
-  X(cuMemFree_v2, CUresult, (CUdeviceptr))                                            \
-  X(cuMemAllocAsync, CUresult, (CUdeviceptr *, size_t, CUstream))                     \
-  X(cuMemFreeAsync, CUresult, (CUdeviceptr, CUstream))                                \
-  X(cuMemAllocFromPoolAsync, CUresult, (CUdeviceptr *, size_t, CUmemoryPool, CUstream)) \
-  X(cuMemAddressReserve, CUresult, (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long)) \
-  X(cuMemAddressFree, CUresult, (CUdeviceptr, size_t))                                \
-  X(cuMemCreate, CUresult, (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long)) \
-  X(cuMemRelease, CUresult, (CUmemGenericAllocationHandle))                           \
-  X(cuMemMap, CUresult, (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long)) \
-  X(cuMemUnmap, CUresult, (CUdeviceptr, size_t))                                      \
-  X(cuMemSetAccess, CUresult, (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t)) \
-  X(cuMemExportToShareableHandle, CUresult, (void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long)) \
-  X(cuMemImportFromShareableHandle, CUresult, (CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType)) \
-  X(cuMemAllocHost_v2, CUresult, (void **, size_t))                                   \
-  X(cuMemFreeHost, CUresult, (void *))                                                \
-  X(cuMemGetAllocationGranularity, CUresult, (size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags)) \
-  X(cuStreamCreate, CUresult, (CUstream *, unsigned int))                             \
-  X(cuStreamDestroy_v2, CUresult, (CUstream))                                         \
-  X(cuStreamSynchronize, CUresult, (CUstream))                                        \
-  X(cuStreamQuery, CUresult, (CUstream))                                              \
-  X(cuStreamWaitEvent, CUresult, (CUstream, CUevent, unsigned int))                   \
-  X(cuStreamIsCapturing, CUresult, (CUstream, CUstreamCaptureStatus *))                \
-  X(cuEventCreate, CUresult, (CUevent *, unsigned int))                               \
-  X(cuEventDestroy_v2, CUresult, (CUevent))                                           \
-  X(cuEventRecord, CUresult, (CUevent, CUstream))                                     \
-  X(cuEventQuery, CUresult, (CUevent))                                                \
-  X(cuEventSynchronize, CUresult, (CUevent))                                          \
-  X(cuMemcpyAsync, CUresult, (CUdeviceptr, CUdeviceptr, size_t, CUstream))            \
-  X(cuMemcpy, CUresult, (CUdeviceptr, CUdeviceptr, size_t))                           \
-  X(cuMemcpyDtoHAsync_v2, CUresult, (void *, CUdeviceptr, size_t, CUstream))          \
-  X(cuFuncGetParamInfo, CUresult, (CUfunction, size_t, size_t *, size_t *))           \
-  X(cuGetProcAddress_v2, CUresult, (const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *))
+/* psshim serves allocations: the driver loaded, not disabled, not a forked child. */
+bool ps_active(void);
+/* The real definition of a symbol psshim exports: next in the search order after psshim,
+ * else in the first already-loaded library of `sonames` (NULL-terminated; a library
+ * loaded privately with RTLD_LOCAL). NULL when there is none. */
+void *ps_next_symbol(const char *name, const char *const *sonames);
+/* Declares real_<name>, the real definition of the exported door <name>, found once. */
+#define PS_REAL(name, sonames) \
+  static __typeof__(&name) real_##name; \
+  if (!real_##name) real_##name = (__typeof__(&name))ps_next_symbol(#name, sonames)
 
-struct ps_driver {
-#define PS_DRIVER_FIELD(name, ret, args) ret (*name) args;
-  PS_DRIVER_FUNCS(PS_DRIVER_FIELD)
-#undef PS_DRIVER_FIELD
-};
-extern struct ps_driver ps_driver;
+/* pool is the current memory pool of the current context's device: the only pool psshim
+ * serves (a pool the program made has properties, IPC export or a host location, that
+ * psshim's chunks would not honour). cudaMemPool_t is the same handle. */
+bool ps_pool_is_current(CUmemoryPool pool);
 
-/* Loads libcuda.so.1 (PSSHIM_LIBCUDA overrides the path) and fills ps_driver once.
- * Returns false, after one log line naming what is missing, if it cannot. */
-bool ps_driver_load(void);
-/* Set while psshim itself calls NCCL (its communicator's set-up and gathers). Meanwhile
- * no allocation is served, on any thread: NCCL allocates from threads of its own too, and
- * its buffers, used by kernels psshim does not observe, must never be paged. On this
- * thread, moments are not observed and dlsym finds the real functions, not the doors. */
-void ps_own_calls(bool on);
-bool ps_in_own_calls(void);       /* on this thread */
-bool ps_own_calls_anywhere(void); /* on any thread */
-/* Code that may run before a sanitizer runtime has initialised (it calls dlsym from its
- * own start-up): no instrumentation, so a sanitized build of psshim can be preloaded. */
-#define PS_NO_SANITIZE __attribute__((no_sanitize("address", "undefined")))
+/* The device of the calling thread's current context; false when there is none. */
+bool ps_current_device(int *ordinal);
 
-/* glibc's own dlsym: psshim overrides the exported dlsym, so its own lookups use this. */
-void *ps_real_dlsym(void *handle, const char *name);
-/* glibc's dlsym itself (a stand-in that finds nothing if it cannot be found). */
-void *(*ps_glibc_dlsym(void))(void *, const char *);
-/* An entry point of the loaded driver that psshim does not require (NULL if absent). */
-void *ps_driver_symbol(const char *name);
-/* "CUDA_ERROR_OUT_OF_MEMORY"-style name for logs, never NULL. */
-const char *ps_cu_error_name(CUresult r);
-/* Calls a driver entry point and logs a failure with the call's text; yields the CUresult. */
-#define PS_CU(call) ps_cu_checked((call), #call, __FILE__, __LINE__)
-CUresult ps_cu_checked(CUresult r, const char *what, const char *file, int line);
-
-/* ---- options: read once from the environment at start (see options.c for the table) ---- */
-enum ps_policy_kind { PS_POLICY_STATIC = 0, PS_POLICY_AUTO };
-struct ps_options {
-  uint64_t gpu_budget;       /* bytes of GPU frames; 0 = default (device memory minus reserve) */
-  double gpu_budget_frac;    /* when given as NN%, fraction of device memory; else 0 */
-  uint64_t gpu_reserve;      /* bytes left to what psshim does not manage */
-  uint64_t host_budget;      /* bytes of pinned host frames; 0 = default */
-  double host_budget_frac;
-  uint64_t chunk_size;       /* bytes; 0 = the allocator's default for this node */
-  enum ps_policy_kind policy;
-  int log_level;
-  bool stats;                /* PSSHIM_STATS set to 1 or a path */
-  const char *stats_path;    /* PSSHIM_STATS=file.json: JSON at exit instead of text on stderr */
-  bool keep_torch_allocator; /* PSSHIM_TORCH_ALLOC=keep: leave PYTORCH_CUDA_ALLOC_CONF unset */
-  bool disabled;             /* PSSHIM_DISABLE=1: every door passes through */
-  const char *trace_path;    /* PSSHIM_TRACE */
-  unsigned sample_ms;        /* PSSHIM_SAMPLE_MS */
-  unsigned runahead;         /* PSSHIM_RUNAHEAD: launches the host may enqueue ahead (auto) */
-  uint64_t inplace_rate;     /* PSSHIM_INPLACE_RATE: bytes/s kernels read a host frame in place (auto) */
-  const char *cupti_path;    /* PSSHIM_CUPTI */
-};
-extern struct ps_options ps_options;
-/* Parses every PSSHIM_* variable. On a bad value: one line naming the variable and what it
- * accepts into err (if non-NULL) and false. Never exits: the caller decides. */
-bool ps_options_parse(char *err, size_t errlen);
-/* Parses "64M", "1.5G", "512", "25%" (percent only when pct is non-NULL). */
-bool ps_parse_size(const char *text, uint64_t *bytes, double *pct);
+/* The per-thread-default-stream forms of the driver doors (cuda.h declares them only
+ * under CUDA_API_PER_THREAD_DEFAULT_STREAM): stream 0 means the thread's own stream. */
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream);
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream);
+/* The exported door functions, for the lookup tables. */
+#define PS_DEFAULT_VISIBILITY __attribute__((visibility("default")))
 
 #endif

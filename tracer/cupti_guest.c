@@ -8,8 +8,9 @@
  * what it enables is enabled on psshim's subscription, and its callbacks are passed on to
  * it. cuptiFinalize would end psshim's observation too, and paging must not go on blind,
  * so while psshim observes it only ends the guest's subscription. */
-#include "shim/shim.h"
+#include "core/core.h"
 #include "tracer/cupti_guest.h"
+#include "tracer/observe.h"
 #include "tracer/tracer.h"
 
 #include <pthread.h>

@@ -1,14 +1,14 @@
 /* Launch observation through CUPTI's callback API: every kernel launch (cuLaunchKernel,
  * cuLaunchKernelEx, cooperative launches, their _ptsz forms) has its parameter buffer
  * scanned for values inside psshim's chunk space; copies and memsets report the ranges
- * they touch. Consumers: the trace file and the pager's hook.
+ * they touch. Consumers: the trace file and the one observer (tracer/observe.h).
  *
  * CUPTI allows one subscriber per process (torch.profiler, Nsight and psshim compete):
  * when it is taken or missing, psshim says so once and runs unobserved; a subscriber that
  * comes after psshim's rides on it (cupti_guest.c). */
-#include "allocator/allocator.h"
-#include "shim/shim.h"
+#include "core/core.h"
 #include "tracer/cupti_guest.h"
+#include "tracer/observe.h"
 #include "tracer/tracer.h"
 
 #include <cupti.h>
@@ -29,8 +29,12 @@ static struct {
 } cupti;
 
 static CUpti_SubscriberHandle subscriber;
-static _Atomic(pst_launch_fn) consumer;
+static _Atomic(void (*)(const struct ps_moment *, bool, void *)) consumer;
 static void *consumer_user;
+/* Set before the subscription that makes the first callback, never changed after. */
+static bool (*claims)(uint64_t);
+
+static bool claimed(uint64_t v) { return claims && claims(v); }
 static _Atomic uint64_t launch_seq;
 
 /* ---- parameter layouts, cached per function handle ---- */
@@ -47,15 +51,14 @@ struct param_layout {
  * function twice; the lookup takes either. */
 #define LAYOUT_BUCKETS 4096
 static _Atomic(struct param_layout *) layouts[LAYOUT_BUCKETS];
-static CUresult (*kernel_get_param_info)(CUkernel, size_t, size_t *, size_t *);
 
 /* cudart launches library kernels by CUkernel handle cast to CUfunction, so a handle
  * cuFuncGetParamInfo refuses is asked again as a CUkernel. */
 static CUresult param_info(void *func, size_t i, size_t *off, size_t *size)
 {
   CUresult r = ps_driver.cuFuncGetParamInfo((CUfunction)func, i, off, size);
-  if (r != CUDA_SUCCESS && kernel_get_param_info)
-    r = kernel_get_param_info((CUkernel)func, i, off, size);
+  if (r != CUDA_SUCCESS && ps_driver.cuKernelGetParamInfo)
+    r = ps_driver.cuKernelGetParamInfo((CUkernel)func, i, off, size);
   return r;
 }
 
@@ -116,7 +119,7 @@ static void scan_bytes(struct found *f, const unsigned char *p, size_t len)
   for (size_t at = 0; at + 8 <= len; at += 4) {
     uint64_t v;
     memcpy(&v, p + at, sizeof v);
-    if (psa_owns((CUdeviceptr)v))
+    if (claimed(v))
       add_ptr(f, v);
   }
 }
@@ -297,9 +300,9 @@ static uint32_t copy_kind(const struct transfer_kind *t, uint64_t dst, uint64_t 
   case T_D2D: return PST_COPY_D2D;
   case T_SET8: case T_SET16: case T_SET32: return PST_COPY_MEMSET;
   default: /* unified addresses: judge by which side psshim holds */
-    if (psa_owns(dst) && !psa_owns(src))
+    if (claimed(dst) && !claimed(src))
       return PST_COPY_H2D;
-    if (psa_owns(src) && !psa_owns(dst))
+    if (claimed(src) && !claimed(dst))
       return PST_COPY_D2H;
     return PST_COPY_D2D;
   }
@@ -307,10 +310,10 @@ static uint32_t copy_kind(const struct transfer_kind *t, uint64_t dst, uint64_t 
 
 /* The enter callback's findings, kept for the exit callback of the same call. */
 static _Thread_local struct found tls_found;
-static _Thread_local struct pst_launch tls_launch;
+static _Thread_local struct ps_moment tls_launch;
 static _Thread_local bool tls_handling; /* inside on_api on this thread */
 
-static void on_launch(CUpti_CallbackId cbid, const CUpti_CallbackData *cb, struct pst_launch *l, struct found *f)
+static void on_launch(CUpti_CallbackId cbid, const CUpti_CallbackData *cb, struct ps_moment *l, struct found *f)
 {
   void *func = NULL, **params = NULL, **extra = NULL;
   CUstream stream = NULL;
@@ -342,7 +345,7 @@ static void on_launch(CUpti_CallbackId cbid, const CUpti_CallbackData *cb, struc
   }
   if (func)
     scan_launch(f, func, params, extra);
-  l->kind = PST_MOMENT_KERNEL;
+  l->kind = PS_MOMENT_KERNEL;
   l->stream = stream_of(cb->functionName, stream);
   l->name = cb->symbolName;
   l->signature = (uint64_t)(uintptr_t)func * 0x9E3779B97F4A7C15ull;
@@ -357,7 +360,7 @@ _Static_assert(offsetof(cuMemsetD2D32Async_params, Height) == offsetof(cuMemsetD
 _Static_assert(offsetof(cuMemsetD2D16_v2_params, Height) == offsetof(cuMemsetD2D8_v2_params, Height), "2D memsets");
 _Static_assert(offsetof(cuMemcpyBatchAsync_params, count) == offsetof(cuMemcpyBatchAsync_v2_params, count), "batches");
 
-static void on_transfer(const struct transfer_kind *t, const CUpti_CallbackData *cb, struct pst_launch *l,
+static void on_transfer(const struct transfer_kind *t, const CUpti_CallbackData *cb, struct ps_moment *l,
                         struct found *f)
 {
   const void *params = cb->functionParams;
@@ -396,9 +399,9 @@ static void on_transfer(const struct transfer_kind *t, const CUpti_CallbackData 
   case L_BATCH: {
     const cuMemcpyBatchAsync_v2_params *p = params;
     for (size_t i = 0; i < p->count; i++) {
-      if (psa_owns(p->dsts[i]))
+      if (claimed(p->dsts[i]))
         add_ptr(f, p->dsts[i]);
-      if (psa_owns(p->srcs[i]))
+      if (claimed(p->srcs[i]))
         add_ptr(f, p->srcs[i]);
       bytes += p->sizes[i];
     }
@@ -409,25 +412,25 @@ static void on_transfer(const struct transfer_kind *t, const CUpti_CallbackData 
     break;
   }
   bool set = t->kind == T_SET8 || t->kind == T_SET16 || t->kind == T_SET32;
-  l->kind = set ? PST_MOMENT_MEMSET : PST_MOMENT_COPY;
+  l->kind = set ? PS_MOMENT_MEMSET : PS_MOMENT_COPY;
   l->stream = stream_of(cb->functionName,
                         t->stream_at >= 0 ? *(const CUstream *)((const char *)params + t->stream_at) : NULL);
   l->name = cb->functionName;
   l->bytes = bytes;
   l->copy_kind = copy_kind(t, dst, set ? 0 : src);
   l->signature = (uint64_t)t->cbid * 0xC2B2AE3D27D4EB4Full ^ bytes;
-  if (psa_owns(dst))
+  if (claimed(dst))
     add_ptr(f, dst);
-  if (!set && psa_owns(src))
+  if (!set && claimed(src))
     add_ptr(f, src);
   l->dst = dst;
   l->src = set ? 0 : src;
 }
 
-static void trace_moment(const struct pst_launch *l, bool truncated)
+static void trace_moment(const struct ps_moment *l, bool truncated)
 {
   struct pst_record r = {0};
-  if (l->kind == PST_MOMENT_KERNEL || l->kind == PST_MOMENT_COLLECTIVE) {
+  if (l->kind == PS_MOMENT_KERNEL || l->kind == PS_MOMENT_COLLECTIVE) {
     r.type = PST_REC_LAUNCH;
     r.flags = truncated ? PST_RF_TRUNCATED : 0;
     r.launch.stream = l->stream;
@@ -460,7 +463,7 @@ static void CUPTIAPI on_api(void *user, CUpti_CallbackDomain domain, CUpti_Callb
     return;
   tls_handling = true;
   bool enter = cb->callbackSite == CUPTI_API_ENTER;
-  struct pst_launch *l = &tls_launch;
+  struct ps_moment *l = &tls_launch;
   struct found *f = &tls_found;
   if (enter) {
     memset(l, 0, sizeof *l);
@@ -482,7 +485,7 @@ static void CUPTIAPI on_api(void *user, CUpti_CallbackDomain domain, CUpti_Callb
   tls_handling = false;
 }
 
-void pst_observe_moment(struct pst_launch *l, bool enter)
+void pst_observe_moment(struct ps_moment *l, bool enter)
 {
   if (ps_in_own_calls()) /* psshim's own NCCL calls (a gather's) are not the program's */
     return;
@@ -491,7 +494,7 @@ void pst_observe_moment(struct pst_launch *l, bool enter)
     if (pst_trace_enabled())
       trace_moment(l, l->truncated);
   }
-  pst_launch_fn fn = atomic_load_explicit(&consumer, memory_order_acquire);
+  void (*fn)(const struct ps_moment *, bool, void *) = atomic_load_explicit(&consumer, memory_order_acquire);
   if (fn)
     fn(l, enter, consumer_user);
 }
@@ -556,7 +559,7 @@ static CUptiResult enable_own(void)
   return r;
 }
 
-bool pst_observe_start(pst_launch_fn fn, void *user)
+bool pst_observe_start(const struct pst_observer *o)
 {
   if (subscriber)
     return true;
@@ -575,9 +578,9 @@ bool pst_observe_start(pst_launch_fn fn, void *user)
     ps_log(PS_LOG_WARN, "CUPTI lacks the callback API: kernel launches are not observed");
     return false;
   }
-  kernel_get_param_info = (__typeof__(kernel_get_param_info))ps_driver_symbol("cuKernelGetParamInfo");
-  consumer_user = user;
-  atomic_store_explicit(&consumer, fn, memory_order_release);
+  claims = o->claims;
+  consumer_user = o->user;
+  atomic_store_explicit(&consumer, o->moment, memory_order_release);
   CUptiResult r = cupti.subscribe(&subscriber, (CUpti_CallbackFunc)on_api, NULL);
   if (r != CUPTI_SUCCESS) {
     subscriber = NULL;

@@ -1,4 +1,5 @@
-/* tracer/ — psshim's observation of the process, and the trace file it writes.
+/* tracer/ — the trace file: its format, the writer and the reader. Observation of the
+ * process (CUPTI) has its own header, tracer/observe.h.
  *
  * No CUDA header here: pointers and streams are uint64_t, so the report tool and the
  * unit tests build on any machine. */
@@ -9,11 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* ======================================================================================
- * The trace file: format, writer, reader
- * ======================================================================================
- *
- * Format, version 1. Little-endian, no padding, every integer at its stated width.
+/* Format, version 1. Little-endian, no padding, every integer at its stated width.
  *
  *   file header   "PSSHIMTR" | u32 version | u32 header_size | fields below | u32 crc32
  *                 (crc over every byte before it; header_size counts all of it, so a
@@ -187,71 +184,5 @@ const char *pst_direction_name(unsigned dir);
 const char *pst_reason_name(unsigned reason);
 const char *pst_chunk_event_name(unsigned event);
 const char *pst_sync_what_name(unsigned what);
-
-/* ==================== end of the trace file section ==================== */
-
-/* ======================================================================================
- * Launch observation (observe.c): CUPTI callbacks on kernel launches, copies and memsets
- * ====================================================================================== */
-
-/* A collective is an NCCL call seen at psshim's NCCL doors; it is traced as a LAUNCH
- * named after the call. */
-enum pst_moment_kind { PST_MOMENT_KERNEL = 0, PST_MOMENT_COPY, PST_MOMENT_MEMSET, PST_MOMENT_COLLECTIVE };
-
-/* One observed moment: a kernel launch or a transfer, as the calling thread enqueues it. */
-struct pst_launch {
-  uint64_t seq;       /* process-wide order of moments */
-  uint64_t stream;    /* CUstream as an integer (0: legacy default stream) */
-  uint64_t signature; /* same kernel (or same transfer kind and size) -> same value */
-  const char *name;   /* kernel symbol or driver function name; may be NULL */
-  enum pst_moment_kind kind;
-  uint32_t copy_kind; /* enum pst_copy_kind, for copies and memsets */
-  uint64_t bytes, src, dst;
-  uint32_t nptrs;     /* values inside psshim's chunk space found in the parameters */
-  const uint64_t *ptrs; /* sorted, unique; valid during the callback */
-  bool failed;        /* exit only: the driver call returned an error */
-  bool opaque;        /* its memory accesses cannot be seen (a CUDA graph launch) */
-  bool truncated;     /* more pointers than PST_LAUNCH_MAX_PTRS were found */
-};
-/* Called on the launching thread before the driver enqueues the work (enter = true) and
- * after (enter = false), with the same pst_launch. */
-typedef void (*pst_launch_fn)(const struct pst_launch *l, bool enter, void *user);
-
-/* Subscribes to CUPTI (PSSHIM_CUPTI, else next to the framework's CUDA libraries, else the
- * toolkit). False, after one log line and a trace NOTE, when CUPTI is missing or taken. */
-bool pst_observe_start(pst_launch_fn fn, void *user);
-void pst_observe_stop(void);
-/* CUPTI allows one callback subscriber per process. While psshim holds it, a subscriber
- * the program makes after psshim's (a profiler: torch.profiler) is served from psshim's
- * subscription through psshim's CUPTI doors (cupti_guest.c): a stand-in handle, its
- * callbacks enabled there and passed on to it; cuptiFinalize only ends its subscription.
- * Each returns a CUptiResult, or PST_GUEST_PASS when the call is CUPTI's to answer (psshim
- * holds no subscription, or the handle is not the stand-in). */
-#define PST_GUEST_PASS (-1)
-#define PST_GUEST_ALL_DOMAINS (-1) /* pst_guest_enable_domain: every domain */
-typedef void (*pst_any_fn)(void);
-int pst_guest_subscribe(void **handle, pst_any_fn fn, void *userdata);
-int pst_guest_unsubscribe(void *handle);
-int pst_guest_enable(uint32_t enable, void *handle, int domain, uint32_t cbid);
-int pst_guest_enable_domain(uint32_t enable, void *handle, int domain);
-int pst_guest_state(uint32_t *enable, void *handle, int domain, uint32_t cbid);
-int pst_guest_finalize(void);
-/* Reports a moment seen elsewhere than CUPTI (psshim's NCCL doors) exactly like a launch:
- * numbered and traced at enter, then given to the consumer at enter and at exit. Works
- * for the trace even when CUPTI is not observed. */
-void pst_observe_moment(struct pst_launch *l, bool enter);
-
-/* The process's observation session (session.c), started by the allocator when it sets
- * up its first device: opens PSSHIM_TRACE with header h, observes launches when tracing
- * or when PSSHIM_POLICY=auto, detects the iteration period (ITERATION records), samples
- * memory every PSSHIM_SAMPLE_MS (SAMPLE records). False when launches cannot be observed. */
-bool pst_session_start(const struct pst_trace_header *h);
-/* The training iteration's length in moments (launches and transfers) once the session
- * has found it, else 0. */
-uint64_t pst_session_period(void);
-/* Launches observed and iteration boundaries passed so far. */
-void pst_session_progress(uint64_t *launches, uint64_t *iterations);
-/* Stops sampling and closes the trace; at exit (no CUPTI calls). */
-void pst_session_end(void);
 
 #endif

@@ -1,7 +1,7 @@
 /* Loads psshim's driver table from whatever libcuda.so.1 the loader finds (the fake in
  * CI, the real driver on a GPU machine) and uses it: version, device, memory, VMM
  * granularity. Exit 0 only when every entry point resolved and the calls worked. */
-#include "shim/shim.h"
+#include "core/core.h"
 
 #include <stdio.h>
 

@@ -4,6 +4,7 @@
  * gives the OOM code and breaks nothing else; stream-ordered frees are honoured.
  * Each scenario runs in a child process: the allocator's configuration is per process. */
 #include "allocator/allocator.h"
+#include "core/core.h"
 #include "shim/shim.h"
 #include "tests/fakecuda/fakecuda.h"
 #include "tracer/tracer.h"
@@ -74,6 +75,7 @@ static void start(const char *gpu_budget, const char *host_budget)
     exit(3);
   }
   ps_log_level = ps_options.log_level;
+  ps_wiring_init();
   CUdevice dev;
   CUcontext ctx;
   if (ps_driver.cuInit(0) || ps_driver.cuDeviceGet(&dev, 0) || ps_driver.cuDevicePrimaryCtxRetain(&ctx, dev) ||
@@ -418,7 +420,7 @@ static void run_loop(void *arg)
   uint64_t weights = atomic_load(&lp.weight_bytes);
   fprintf(stderr, "loop seed %u: %d threads, %llu MiB of weights, budget %s: period %llu, to GPU %llu, to host %llu, "
                   "copy waits %llu, touches GPU %llu host %llu, mismatches %llu\n",
-          seed, lp.threads, (unsigned long long)(weights >> 20), budget, (unsigned long long)pst_session_period(),
+          seed, lp.threads, (unsigned long long)(weights >> 20), budget, (unsigned long long)ps_wiring_progress().period,
           (unsigned long long)s.migrations_to_gpu, (unsigned long long)s.migrations_to_host,
           (unsigned long long)s.copy_waits, (unsigned long long)s.touches_gpu, (unsigned long long)s.touches_host,
           (unsigned long long)atomic_load(&mismatches));
@@ -426,7 +428,7 @@ static void run_loop(void *arg)
     exit(10);
   if (s.live_bytes != 0)
     exit(11);
-  if (!pst_session_period())
+  if (!ps_wiring_progress().period)
     exit(15); /* the loop's period was not found: the policy below was not exercised */
   if (s.peak_gpu_frames * CHUNK > s.gpu_budget)
     exit(13);
@@ -516,7 +518,7 @@ static void short_lived(void *arg)
   }
   ps_driver.cuStreamSynchronize(s);
   fprintf(stderr, "short-lived (%s): activations allocated in GPU frames %d of 40, period %llu, mismatches %llu\n",
-          paging ? "auto" : "static", on_gpu, (unsigned long long)pst_session_period(),
+          paging ? "auto" : "static", on_gpu, (unsigned long long)ps_wiring_progress().period,
           (unsigned long long)atomic_load(&mismatches));
   if (atomic_load(&mismatches))
     exit(143);
@@ -602,13 +604,13 @@ static void steady(void *arg)
   psa_stats_get(&st);
   uint64_t late = st.migrations_to_gpu + st.migrations_to_host - moves_before;
   fprintf(stderr, "steady: period %llu, moves %llu in all, %llu in the last 20 steps; touches GPU %llu host %llu, "
-          "mismatches %llu\n", (unsigned long long)pst_session_period(),
+          "mismatches %llu\n", (unsigned long long)ps_wiring_progress().period,
           (unsigned long long)(st.migrations_to_gpu + st.migrations_to_host), (unsigned long long)late,
           (unsigned long long)st.touches_gpu, (unsigned long long)st.touches_host,
           (unsigned long long)atomic_load(&mismatches));
   if (atomic_load(&mismatches))
     exit(145);
-  if (!pst_session_period())
+  if (!ps_wiring_progress().period)
     exit(146);
   exit(late > 99 ? 99 : (int)late);
 }
@@ -672,11 +674,11 @@ static void crowded(void *arg)
   struct psa_stats st;
   psa_stats_get(&st);
   fprintf(stderr, "crowded: period %llu, short-lived activations on the GPU %d of 80, moves %llu, mismatches %llu\n",
-          (unsigned long long)pst_session_period(), on_gpu,
+          (unsigned long long)ps_wiring_progress().period, on_gpu,
           (unsigned long long)(st.migrations_to_gpu + st.migrations_to_host), (unsigned long long)atomic_load(&mismatches));
   if (atomic_load(&mismatches))
     exit(145);
-  if (!pst_session_period())
+  if (!ps_wiring_progress().period)
     exit(146);
   exit(on_gpu);
 }

@@ -3,8 +3,9 @@
  * that are not multiples of 8, and in the `extra` buffer form, give exactly the right
  * chunk sets; copies report their ends; a second CUPTI subscriber is refused. */
 #include "allocator/allocator.h"
-#include "shim/shim.h"
+#include "core/core.h"
 #include "tests/fakecuda/fakecuda.h"
+#include "tracer/observe.h"
 #include "tracer/tracer.h"
 
 #include <setjmp.h>
@@ -29,7 +30,7 @@ struct seen {
 static struct seen seen[32];
 static int nseen, exits;
 
-static void record(const struct pst_launch *l, bool enter, void *user)
+static void record(const struct ps_moment *l, bool enter, void *user)
 {
   (void)user;
   if (!enter) {
@@ -55,6 +56,8 @@ static void nop(void **args, void *user)
 
 static CUdeviceptr a, b, c, big;
 
+static bool claims(uint64_t v) { return psa_owns((CUdeviceptr)v); }
+
 static int setup(void **state)
 {
   (void)state;
@@ -74,7 +77,8 @@ static int setup(void **state)
   if (psa_alloc(0, 1536 * 1024, PSA_SYNC_STREAM, &a) || psa_alloc(0, 1536 * 1024, PSA_SYNC_STREAM, &b) ||
       psa_alloc(0, 1536 * 1024, PSA_SYNC_STREAM, &c) || psa_alloc(0, 3 * MiB, PSA_SYNC_STREAM, &big))
     return -1;
-  return pst_observe_start(record, NULL) ? 0 : -1;
+  struct pst_observer o = {.moment = record, .claims = claims};
+  return pst_observe_start(&o) ? 0 : -1;
 }
 
 static const struct seen *find(const char *name)
@@ -146,7 +150,7 @@ static void test_pointer_positions(void **state)
   uint64_t want_extra[] = {a < c ? a : c, a < c ? c : a};
   expect_ptrs("by_extra", want_extra, 2);
   const struct seen *copy = find("cuMemcpyHtoDAsync_v2");
-  assert_int_equal(copy->kind, PST_MOMENT_COPY);
+  assert_int_equal(copy->kind, PS_MOMENT_COPY);
   assert_int_equal(copy->n, 1);
   assert_int_equal(copy->ptrs[0], b);
   assert_int_equal(exits, nseen); /* every enter has its exit */
@@ -184,11 +188,11 @@ static void test_transfers(void **state)
   ps_driver.cuCtxSynchronize();
 
   const struct seen *rows_seen = find("cuMemcpy2DAsync_v2");
-  assert_int_equal(rows_seen->kind, PST_MOMENT_COPY);
+  assert_int_equal(rows_seen->kind, PS_MOMENT_COPY);
   assert_int_equal(rows_seen->n, 1);
   assert_int_equal(rows_seen->ptrs[0], c);
   const struct seen *set16 = find("cuMemsetD16_v2");
-  assert_int_equal(set16->kind, PST_MOMENT_MEMSET);
+  assert_int_equal(set16->kind, PS_MOMENT_MEMSET);
   assert_int_equal(set16->n, 1);
   assert_int_equal(set16->ptrs[0], a + 128);
   assert_false(set16->opaque);

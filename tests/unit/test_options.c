@@ -1,6 +1,6 @@
 /* Every PSSHIM_* variable: a bad value is refused with one line naming the variable and
  * what it accepts; good values parse to what they say. */
-#include "shim/shim.h"
+#include "core/core.h"
 
 #include <setjmp.h>
 #include <stdarg.h>

@@ -1,7 +1,7 @@
 /* The options table: every PSSHIM_* variable, its kind, default and what it accepts.
  * Parsed once at start; a bad value is reported with the variable's name and the
  * accepted forms, never silently ignored (the caller stops the process). */
-#include "shim/shim.h"
+#include "core/core.h"
 
 #include <errno.h>
 #include <math.h>
@@ -11,14 +11,14 @@
 
 struct ps_options ps_options;
 
-enum option_kind { OPT_SIZE, OPT_SIZE_OR_PCT, OPT_CHOICE, OPT_BOOL, OPT_PATH, OPT_UINT };
+enum option_kind { OPT_SIZE, OPT_SIZE_OR_PCT, OPT_CHOICE, OPT_BOOL, OPT_PATH, OPT_UINT, OPT_SECONDS };
 
 struct option_def {
   const char *name;
   enum option_kind kind;
   const char *accepts;   /* shown on a bad value */
   const char *def;       /* default text, NULL = unset */
-  void *value;           /* uint64_t, unsigned, bool, int or const char * */
+  void *value;           /* uint64_t, unsigned, bool, int, double or const char * */
   double *pct;           /* for OPT_SIZE_OR_PCT */
   const char *const *choices;
 };
@@ -58,6 +58,11 @@ static const struct option_def option_table[] = {
   {"PSSHIM_TORCH_ALLOC", OPT_CHOICE, "async (set backend:cudaMallocAsync when unset) or keep", "async",
    &torch_alloc_choice, NULL, torch_choices},
   {"PSSHIM_DISABLE", OPT_BOOL, "0 or 1", "0", &ps_options.disabled, NULL, NULL},
+  {"PSSHIM_LIBCUDA", OPT_PATH, "the CUDA driver library's name or path", "libcuda.so.1", &ps_options.libcuda_path,
+   NULL, NULL},
+  {"PSSHIM_NCCL", OPT_PATH, "libnccl.so.2's name or path", "libnccl.so.2", &ps_options.nccl_path, NULL, NULL},
+  {"PSSHIM_COMM_TIMEOUT_S", OPT_SECONDS, "seconds, more than 0 and at most 1000000", "120",
+   &ps_options.comm_timeout_s, NULL, NULL},
 };
 
 bool ps_parse_size(const char *text, uint64_t *bytes, double *pct)
@@ -137,6 +142,15 @@ static bool parse_one(const struct option_def *o, const char *text)
     if (errno || *end || end == text || v < 1 || v > 60000 || text[0] == '-')
       return false;
     *(unsigned *)o->value = (unsigned)v;
+    return true;
+  }
+  case OPT_SECONDS: {
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (errno || end == text || *end || !(v > 0 && v <= 1e6))
+      return false;
+    *(double *)o->value = v;
     return true;
   }
   }

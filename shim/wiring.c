@@ -1,10 +1,13 @@
-/* The observation session of a process: started when psshim sets up its first device.
- * Opens the trace (PSSHIM_TRACE), subscribes to launches (for the trace, and for the
- * pager when PSSHIM_POLICY=auto), finds the training iteration's period in the launch
- * sequence, and samples memory every PSSHIM_SAMPLE_MS. */
+/* The wiring of observation to paging and sharing, started when the allocator sets up its
+ * first device: opens the trace (PSSHIM_TRACE), subscribes to launches (for the trace, and
+ * for the pager when PSSHIM_POLICY=auto), finds the training iteration's period in the
+ * launch sequence and hands it down with each moment, meets iteration boundaries (the
+ * ranks' checks and sharing rounds), and samples memory every PSSHIM_SAMPLE_MS. */
 #include "allocator/allocator.h"
+#include "core/core.h"
 #include "policy/policy.h"
 #include "shim/shim.h"
+#include "tracer/observe.h"
 #include "tracer/tracer.h"
 
 #include <pthread.h>
@@ -32,10 +35,10 @@ static CUcontext sampler_ctx;
  * same bytes allocated, give or take STEADY_SLACK, with allocations between them (an
  * iteration allocates its activations): a layer's launches repeat as a step's do, but each
  * layer leaves its activations behind (megabytes), while a step may keep a few bytes (a
- * loss tensor a loop logs). On the H200, while such periods stood (232 "iterations" in 12
- * steps), auto's first steps of the 2.68B GPT at 2x the budget took 15 s against static
- * placement's 6, and a DDP rank's first step took 199 s, likely in sharing rounds at
- * their boundaries. Called under period_lock, which is taken before the devices' locks. */
+ * loss tensor a loop logs). Where layers' periods stood (232 "iterations" in 12 steps of
+ * the 2.68B GPT), plans and sharing rounds ran at every layer and auto's first steps at 2x
+ * the budget took 15 s against static placement's 6 (bench/results/README.md, the trust
+ * rule). Called under period_lock, which is taken before the devices' locks. */
 static void distrust(void)
 {
   trusted = false;
@@ -58,7 +61,7 @@ static void trust_if_steady(void)
 
 /* Iteration boundaries from the period detector, once trusted: an ITERATION record as each
  * passes. */
-static void track_iteration(const struct pst_launch *l)
+static void track_iteration(const struct ps_moment *l)
 {
   pthread_mutex_lock(&period_lock);
   psp_period_feed(detector, l->signature);
@@ -105,18 +108,20 @@ static void track_iteration(const struct pst_launch *l)
     pst_trace_emit(&r);
     if (it == 1)
       psa_first_iteration_done();
-    psa_shard_boundary();
+    psa_shard_boundary(per);
   }
 }
 
-static void on_moment(const struct pst_launch *l, bool enter, void *user)
+static void on_moment(const struct ps_moment *l, bool enter, void *user)
 {
   (void)user;
   if (enter && detector)
     track_iteration(l);
   if (ps_options.policy == PS_POLICY_AUTO)
-    psa_on_moment(l, enter);
+    psa_on_moment(l, enter, atomic_load_explicit(&adopted, memory_order_relaxed));
 }
+
+static bool claims(uint64_t value) { return psa_owns((CUdeviceptr)value); }
 
 static void *sample_main(void *arg)
 {
@@ -161,22 +166,24 @@ static void *sample_main(void *arg)
 static void stop_sampling(void)
 {
   atomic_store(&sampling, false);
-  if (psa_in_forked_child())
+  if (ps_in_forked_child())
     return; /* a forked child (a DataLoader worker) has no sampler to wait for */
   struct timespec ms = {.tv_nsec = 1000000};
   for (int i = 0; i < 200 && atomic_load(&in_sample); i++)
     nanosleep(&ms, NULL);
 }
 
-bool pst_session_start(const struct pst_trace_header *h)
+static void start(const struct pst_trace_header *h, void *user)
 {
+  (void)user;
   bool tracing = ps_options.trace_path && pst_trace_open(ps_options.trace_path, h);
   if (!tracing && ps_options.policy != PS_POLICY_AUTO)
-    return true; /* nothing to observe for */
+    return; /* nothing to observe for */
   /* Two repeats, not three: on the 2.68B GPT's trace replayed here the step's period came
    * at launch 27062 instead of 31721, a step sooner, and every test still finds its own. */
   detector = psp_period_new(MAX_PERIOD, 2, 0.02);
-  bool observed = pst_observe_start(on_moment, NULL);
+  struct pst_observer o = {.moment = on_moment, .claims = claims};
+  pst_observe_start(&o);
   if (tracing) {
     if (PS_CU(ps_driver.cuCtxGetCurrent(&sampler_ctx)))
       sampler_ctx = NULL;
@@ -190,10 +197,11 @@ bool pst_session_start(const struct pst_trace_header *h)
       atomic_store(&sampling, false);
     }
   }
-  return observed;
 }
 
-void pst_session_end(void)
+void ps_wiring_init(void) { psa_on_first_device(start, NULL); }
+
+void ps_wiring_end(void)
 {
   /* At exit the CUDA runtime may already be torn down: no CUPTI calls here. */
   stop_sampling();
@@ -204,12 +212,11 @@ void pst_session_end(void)
   pthread_mutex_unlock(&period_lock);
 }
 
-uint64_t pst_session_period(void) { return atomic_load_explicit(&adopted, memory_order_relaxed); }
-
-void pst_session_progress(uint64_t *launches, uint64_t *iterations)
+struct psa_progress ps_wiring_progress(void)
 {
   pthread_mutex_lock(&period_lock);
-  *launches = fed;
-  *iterations = iteration;
+  struct psa_progress p = {.launches = fed, .iterations = iteration,
+                           .period = atomic_load_explicit(&adopted, memory_order_relaxed)};
   pthread_mutex_unlock(&period_lock);
+  return p;
 }

@@ -1,6 +1,6 @@
 /* Logging that is safe inside someone else's process: no stdio (it may lock or malloc
  * in ways the host program does not expect), one write(2) per line, always prefixed. */
-#include "shim/shim.h"
+#include "core/core.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -2,8 +2,7 @@
  * dlsym (psshim overrides dlsym for the process, so it must not look itself up), by
  * exact versioned export names, once. The test driver stands in by being the
  * libcuda.so.1 the loader finds (or PSSHIM_LIBCUDA). */
-#include "shim/shim.h"
-#include "shim/shim_internal.h"
+#include "core/core.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -44,11 +43,14 @@ static void *driver_lib;
 
 static void load(void)
 {
+  /* Read here, not from ps_options: the doors may load the driver before the options are
+   * parsed (a lookup during the loader's start-up). */
   const char *path = getenv("PSSHIM_LIBCUDA");
-  void *lib = dlopen(path ? path : "libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+  if (!path || !*path)
+    path = "libcuda.so.1";
+  void *lib = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
   if (!lib) {
-    ps_log(PS_LOG_WARN, "cannot load %s (%s): psshim passes every call through", path ? path : "libcuda.so.1",
-           dlerror());
+    ps_log(PS_LOG_WARN, "cannot load %s (%s): psshim passes every call through", path, dlerror());
     return;
   }
 #define PS_DRIVER_LOAD(name, ret, args)                                                   \
@@ -59,6 +61,9 @@ static void load(void)
   }
   PS_DRIVER_FUNCS(PS_DRIVER_LOAD)
 #undef PS_DRIVER_LOAD
+#define PS_DRIVER_LOAD_OPTIONAL(name, ret, args) ps_driver.name = (ret(*) args)ps_real_dlsym(lib, #name);
+  PS_DRIVER_OPTIONAL_FUNCS(PS_DRIVER_LOAD_OPTIONAL)
+#undef PS_DRIVER_LOAD_OPTIONAL
   driver_lib = lib;
   loaded = true;
 }
@@ -103,3 +108,9 @@ void ps_own_calls(bool on)
 bool ps_in_own_calls(void) { return own_calls; }
 
 bool ps_own_calls_anywhere(void) { return atomic_load_explicit(&own_calls_anywhere, memory_order_relaxed) > 0; }
+
+static _Atomic bool forked_child;
+
+void ps_mark_forked_child(void) { atomic_store(&forked_child, true); }
+
+bool ps_in_forked_child(void) { return atomic_load_explicit(&forked_child, memory_order_relaxed); }

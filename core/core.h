@@ -1,0 +1,174 @@
+/* core/ — the ground every other folder stands on; it includes nothing else of psshim's.
+ *
+ * ps_driver, the single table of CUDA driver entry points (filled by dlopen of
+ * libcuda.so.1 at run time; the test driver stands in the same way); the options table
+ * read from the environment; logging; the marking of psshim's own calls; glibc's real
+ * dlsym; the forked-child flag; and the moment, what observation reports of a launch. */
+#ifndef PSSHIM_CORE_H
+#define PSSHIM_CORE_H
+
+#include <cuda.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- logging: nothing unless PSSHIM_LOG asks; always stderr, always "psshim: " ---- */
+enum ps_log_level { PS_LOG_OFF = 0, PS_LOG_ERROR, PS_LOG_WARN, PS_LOG_INFO, PS_LOG_DEBUG };
+extern int ps_log_level;
+void ps_log_write(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define ps_log(level, ...) \
+  do { if ((level) <= ps_log_level) ps_log_write((level), __VA_ARGS__); } while (0)
+/* An error the user must see (bad configuration, both budgets exhausted): printed at
+ * PSSHIM_LOG=error and above, and error is the default level. */
+#define ps_error(...) ps_log(PS_LOG_ERROR, __VA_ARGS__)
+
+/* ---- the driver table ---- */
+#define PS_DRIVER_FUNCS(X)                                                            \
+  X(cuInit, CUresult, (unsigned int))                                                 \
+  X(cuDriverGetVersion, CUresult, (int *))                                            \
+  X(cuGetErrorName, CUresult, (CUresult, const char **))                              \
+  X(cuDeviceGet, CUresult, (CUdevice *, int))                                         \
+  X(cuDeviceGetCount, CUresult, (int *))                                              \
+  X(cuDeviceGetAttribute, CUresult, (int *, CUdevice_attribute, CUdevice))            \
+  X(cuDeviceTotalMem_v2, CUresult, (size_t *, CUdevice))                              \
+  X(cuDevicePrimaryCtxRetain, CUresult, (CUcontext *, CUdevice))                      \
+  X(cuCtxGetCurrent, CUresult, (CUcontext *))                                         \
+  X(cuCtxSetCurrent, CUresult, (CUcontext))                                           \
+  X(cuCtxGetDevice, CUresult, (CUdevice *))                                           \
+  X(cuCtxSynchronize, CUresult, (void))                                               \
+  X(cuMemGetInfo_v2, CUresult, (size_t *, size_t *))                                  \
+  X(cuMemAlloc_v2, CUresult, (CUdeviceptr *, size_t))                                 \
+  X(cuMemFree_v2, CUresult, (CUdeviceptr))                                            \
+  X(cuMemAllocAsync, CUresult, (CUdeviceptr *, size_t, CUstream))                     \
+  X(cuMemFreeAsync, CUresult, (CUdeviceptr, CUstream))                                \
+  X(cuMemAllocFromPoolAsync, CUresult, (CUdeviceptr *, size_t, CUmemoryPool, CUstream)) \
+  X(cuMemAddressReserve, CUresult, (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long)) \
+  X(cuMemAddressFree, CUresult, (CUdeviceptr, size_t))                                \
+  X(cuMemCreate, CUresult, (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long)) \
+  X(cuMemRelease, CUresult, (CUmemGenericAllocationHandle))                           \
+  X(cuMemMap, CUresult, (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long)) \
+  X(cuMemUnmap, CUresult, (CUdeviceptr, size_t))                                      \
+  X(cuMemSetAccess, CUresult, (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t)) \
+  X(cuMemExportToShareableHandle, CUresult, (void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long)) \
+  X(cuMemImportFromShareableHandle, CUresult, (CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType)) \
+  X(cuMemAllocHost_v2, CUresult, (void **, size_t))                                   \
+  X(cuMemFreeHost, CUresult, (void *))                                                \
+  X(cuMemGetAllocationGranularity, CUresult, (size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags)) \
+  X(cuStreamCreate, CUresult, (CUstream *, unsigned int))                             \
+  X(cuStreamDestroy_v2, CUresult, (CUstream))                                         \
+  X(cuStreamSynchronize, CUresult, (CUstream))                                        \
+  X(cuStreamQuery, CUresult, (CUstream))                                              \
+  X(cuStreamWaitEvent, CUresult, (CUstream, CUevent, unsigned int))                   \
+  X(cuStreamIsCapturing, CUresult, (CUstream, CUstreamCaptureStatus *))                \
+  X(cuEventCreate, CUresult, (CUevent *, unsigned int))                               \
+  X(cuEventDestroy_v2, CUresult, (CUevent))                                           \
+  X(cuEventRecord, CUresult, (CUevent, CUstream))                                     \
+  X(cuEventQuery, CUresult, (CUevent))                                                \
+  X(cuEventSynchronize, CUresult, (CUevent))                                          \
+  X(cuMemcpyAsync, CUresult, (CUdeviceptr, CUdeviceptr, size_t, CUstream))            \
+  X(cuMemcpy, CUresult, (CUdeviceptr, CUdeviceptr, size_t))                           \
+  X(cuMemcpyDtoHAsync_v2, CUresult, (void *, CUdeviceptr, size_t, CUstream))          \
+  X(cuFuncGetParamInfo, CUresult, (CUfunction, size_t, size_t *, size_t *))           \
+  X(cuGetProcAddress_v2, CUresult, (const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *))
+
+/* Entry points psshim uses when the driver has them: NULL in the table when it does not. */
+#define PS_DRIVER_OPTIONAL_FUNCS(X)                                                    \
+  X(cuDeviceGetName, CUresult, (char *, int, CUdevice))                               \
+  X(cuDeviceGetMemPool, CUresult, (CUmemoryPool *, CUdevice))                         \
+  X(cuKernelGetParamInfo, CUresult, (CUkernel, size_t, size_t *, size_t *))           \
+  X(cuMemAllocAsync_ptsz, CUresult, (CUdeviceptr *, size_t, CUstream))                \
+  X(cuMemFreeAsync_ptsz, CUresult, (CUdeviceptr, CUstream))                           \
+  X(cuMemAllocFromPoolAsync_ptsz, CUresult, (CUdeviceptr *, size_t, CUmemoryPool, CUstream))
+
+struct ps_driver {
+#define PS_DRIVER_FIELD(name, ret, args) ret (*name) args;
+  PS_DRIVER_FUNCS(PS_DRIVER_FIELD)
+  PS_DRIVER_OPTIONAL_FUNCS(PS_DRIVER_FIELD)
+#undef PS_DRIVER_FIELD
+};
+extern struct ps_driver ps_driver;
+
+/* Loads libcuda.so.1 (PSSHIM_LIBCUDA overrides the path) and fills ps_driver once.
+ * Returns false, after one log line naming what is missing, if it cannot. */
+bool ps_driver_load(void);
+/* Set while psshim itself calls NCCL (its communicator's set-up and gathers). Meanwhile
+ * no allocation is served, on any thread: NCCL allocates from threads of its own too, and
+ * its buffers, used by kernels psshim does not observe, must never be paged. On this
+ * thread, moments are not observed and dlsym finds the real functions, not the doors. */
+void ps_own_calls(bool on);
+bool ps_in_own_calls(void);       /* on this thread */
+bool ps_own_calls_anywhere(void); /* on any thread */
+/* Code that may run before a sanitizer runtime has initialised (it calls dlsym from its
+ * own start-up): no instrumentation, so a sanitized build of psshim can be preloaded. */
+#define PS_NO_SANITIZE __attribute__((no_sanitize("address", "undefined")))
+
+/* glibc's own dlsym: psshim overrides the exported dlsym, so its own lookups use this. */
+void *ps_real_dlsym(void *handle, const char *name);
+/* glibc's dlsym itself (a stand-in that finds nothing if it cannot be found). */
+void *(*ps_glibc_dlsym(void))(void *, const char *);
+/* Any entry point of the loaded driver by its exported name (NULL if absent): for the
+ * doors, which forward whatever name the program asked for. */
+void *ps_driver_symbol(const char *name);
+/* "CUDA_ERROR_OUT_OF_MEMORY"-style name for logs, never NULL. */
+const char *ps_cu_error_name(CUresult r);
+/* Calls a driver entry point and logs a failure with the call's text; yields the CUresult. */
+#define PS_CU(call) ps_cu_checked((call), #call, __FILE__, __LINE__)
+CUresult ps_cu_checked(CUresult r, const char *what, const char *file, int line);
+
+/* ---- fork: the child of a process that used CUDA cannot use it (CUDA's rule) ----
+ * Set in the child by the shim's fork handler; every part of psshim passes through or
+ * stops quietly from then on. */
+void ps_mark_forked_child(void);
+bool ps_in_forked_child(void);
+
+/* ---- the moment: one kernel launch or transfer, as the launching thread enqueues it ----
+ * Observation (tracer/) and psshim's NCCL doors report moments; paging and sharing
+ * consume them. A collective is an NCCL call seen at the NCCL doors. */
+enum ps_moment_kind { PS_MOMENT_KERNEL = 0, PS_MOMENT_COPY, PS_MOMENT_MEMSET, PS_MOMENT_COLLECTIVE };
+struct ps_moment {
+  uint64_t seq;       /* process-wide order of moments */
+  uint64_t stream;    /* CUstream as an integer (0: legacy default stream) */
+  uint64_t signature; /* same kernel (or same transfer kind and size) -> same value */
+  const char *name;   /* kernel symbol or driver function name; may be NULL */
+  enum ps_moment_kind kind;
+  uint32_t copy_kind; /* the trace's copy kind (tracer.h), for copies and memsets */
+  uint64_t bytes, src, dst;
+  uint32_t nptrs;     /* values inside psshim's chunk space found in the parameters */
+  const uint64_t *ptrs; /* sorted, unique; valid during the report */
+  bool failed;        /* exit only: the driver call returned an error */
+  bool opaque;        /* its memory accesses cannot be seen (a CUDA graph launch) */
+  bool truncated;     /* more pointers were found than a moment carries */
+};
+
+/* ---- options: read once from the environment at start (see options.c for the table) ---- */
+enum ps_policy_kind { PS_POLICY_STATIC = 0, PS_POLICY_AUTO };
+struct ps_options {
+  uint64_t gpu_budget;       /* bytes of GPU frames; 0 = default (device memory minus reserve) */
+  double gpu_budget_frac;    /* when given as NN%, fraction of device memory; else 0 */
+  uint64_t gpu_reserve;      /* bytes left to what psshim does not manage */
+  uint64_t host_budget;      /* bytes of pinned host frames; 0 = default */
+  double host_budget_frac;
+  uint64_t chunk_size;       /* bytes; 0 = the allocator's default for this node */
+  enum ps_policy_kind policy;
+  int log_level;
+  bool stats;                /* PSSHIM_STATS set to 1 or a path */
+  const char *stats_path;    /* PSSHIM_STATS=file.json: JSON at exit instead of text on stderr */
+  bool keep_torch_allocator; /* PSSHIM_TORCH_ALLOC=keep: leave PYTORCH_CUDA_ALLOC_CONF unset */
+  bool disabled;             /* PSSHIM_DISABLE=1: every door passes through */
+  const char *trace_path;    /* PSSHIM_TRACE */
+  unsigned sample_ms;        /* PSSHIM_SAMPLE_MS */
+  unsigned runahead;         /* PSSHIM_RUNAHEAD: launches the host may enqueue ahead (auto) */
+  uint64_t inplace_rate;     /* PSSHIM_INPLACE_RATE: bytes/s kernels read a host frame in place (auto) */
+  const char *cupti_path;    /* PSSHIM_CUPTI */
+  const char *libcuda_path;  /* PSSHIM_LIBCUDA */
+  const char *nccl_path;     /* PSSHIM_NCCL: the NCCL of psshim's own communicator */
+  double comm_timeout_s;     /* PSSHIM_COMM_TIMEOUT_S: longest wait among a node's ranks */
+};
+extern struct ps_options ps_options;
+/* Parses every PSSHIM_* variable. On a bad value: one line naming the variable and what it
+ * accepts into err (if non-NULL) and false. Never exits: the caller decides. */
+bool ps_options_parse(char *err, size_t errlen);
+/* Parses "64M", "1.5G", "512", "25%" (percent only when pct is non-NULL). */
+bool ps_parse_size(const char *text, uint64_t *bytes, double *pct);
+
+#endif
