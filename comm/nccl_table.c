@@ -4,14 +4,14 @@
 #include <stdlib.h>
 
 #include "comm/node.h"
+#include "core/core.h"
 
 struct psc_nccl psc_nccl;
 
 bool psc_nccl_load(void) {
   static bool loaded;
   if (loaded) return true;
-  const char *path = getenv("PSSHIM_NCCL");
-  if (!path || !*path) path = "libnccl.so.2";
+  const char *path = ps_options.nccl_path ? ps_options.nccl_path : "libnccl.so.2";
   void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!h) {
     psc_errorf("cannot load NCCL (%s) for psshim's own communicator: %s; set PSSHIM_NCCL to "
@@ -20,7 +20,7 @@ bool psc_nccl_load(void) {
   }
   struct psc_nccl t;
 #define PSC_NCCL_LOAD(name, ret, args)                                                      \
-  *(void **)&t.name = dlsym(h, #name);                                                      \
+  *(void **)&t.name = ps_real_dlsym(h, #name);                                                      \
   if (!t.name) {                                                                            \
     psc_errorf("%s lacks " #name ": psshim needs NCCL 2.14 or later", path);                 \
     dlclose(h);                                                                             \

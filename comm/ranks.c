@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "comm/node.h"
+#include "core/core.h"
 
 #define PSC_DEFAULT_TIMEOUT_S 120.0
 
@@ -30,20 +31,9 @@ static bool env_int(const char *name, long lo, long hi, const char *what, int *o
   return false;
 }
 
-static bool read_timeout(double *out) {
-  const char *text = getenv("PSSHIM_COMM_TIMEOUT_S");
-  *out = PSC_DEFAULT_TIMEOUT_S;
-  if (!text) return true;
-  char *end;
-  errno = 0;
-  double v = strtod(text, &end);
-  if (errno || end == text || *end || !(v > 0 && v <= 1e6)) {
-    psc_errorf("PSSHIM_COMM_TIMEOUT_S=%s is not a timeout: expected seconds, more than 0 and at "
-               "most 1000000", text);
-    return false;
-  }
-  *out = v;
-  return true;
+/* PSSHIM_COMM_TIMEOUT_S, from the options table (core/), which refused a bad value at start. */
+static double comm_timeout(void) {
+  return ps_options.comm_timeout_s > 0 ? ps_options.comm_timeout_s : PSC_DEFAULT_TIMEOUT_S;
 }
 
 /* The job key: every field that tells this job (and restart, and node) from another one
@@ -106,7 +96,7 @@ enum psc_found psc_ranks_read(struct psc_ranks *r) {
   }
   const char *node_var = getenv("GROUP_RANK") ? "GROUP_RANK" : "NODE_RANK";
   if (!env_int(node_var, 0, 1 << 20, "a node rank", &r->node_rank)) return PSC_BAD;
-  if (!read_timeout(&r->timeout_s)) return PSC_BAD;
+  r->timeout_s = comm_timeout();
   if (!job_key(r, r->job_key, sizeof r->job_key)) return PSC_BAD;
   return r->local_world_size == 1 ? PSC_ALONE : PSC_GROUP;
 }

@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "comm/node.h"
+#include "core/core.h"
 #include "rank_procs.h"
 
 #define MIB (1ull << 20)
@@ -37,6 +38,7 @@ static int setup(void **state) {
   (void)state;
   memset(scratch, 0, sizeof *scratch);
   unsetenv("PSSHIM_COMM_TIMEOUT_S");
+  ps_options_parse(NULL, 0); /* comm reads them from the options table */
   return 0;
 }
 
@@ -129,6 +131,7 @@ static int rank_3_never_comes(int rank, void *arg) {
   (void)arg;
   if (rank == 3) return 0;
   setenv("PSSHIM_COMM_TIMEOUT_S", "2", 1);
+  ps_options_parse(NULL, 0); /* comm reads them from the options table */
   struct psc_config cfg = config();
   return psc_node_join(&cfg, 0) == PSC_BAD ? 0 : 1;
 }
@@ -149,6 +152,7 @@ static int rank_0_never_comes(int rank, void *arg) {
   (void)arg;
   if (rank == 0) return 0;
   setenv("PSSHIM_COMM_TIMEOUT_S", "1", 1);
+  ps_options_parse(NULL, 0); /* comm reads them from the options table */
   struct psc_config cfg = config();
   return psc_node_join(&cfg, 0) == PSC_BAD ? 0 : 1;
 }
@@ -169,6 +173,7 @@ static void missing_rank_0_times_out(void **state) {
 static int rank_1_dies(int rank, void *arg) {
   (void)arg;
   setenv("PSSHIM_COMM_TIMEOUT_S", "60", 1);
+  ps_options_parse(NULL, 0); /* comm reads them from the options table */
   struct psc_config cfg = config();
   if (psc_node_join(&cfg, 0) != PSC_GROUP) return 1;
   if (rank == 1) raise(SIGKILL);
@@ -194,6 +199,7 @@ static void dead_rank_noticed(void **state) {
 static int rank_2_leaves_early(int rank, void *arg) {
   (void)arg;
   setenv("PSSHIM_COMM_TIMEOUT_S", "60", 1);
+  ps_options_parse(NULL, 0); /* comm reads them from the options table */
   struct psc_config cfg = config();
   if (psc_node_join(&cfg, 0) != PSC_GROUP) return 1;
   if (rank == 2) {
@@ -257,6 +263,7 @@ static void helper_with_rank_environment_refused(void **state) {
 static int crash_or_run(int rank, void *arg) {
   setenv("TORCHELASTIC_RUN_ID", (const char *)arg, 1);
   setenv("PSSHIM_COMM_TIMEOUT_S", "10", 1);
+  ps_options_parse(NULL, 0); /* comm reads them from the options table */
   struct psc_config cfg = config();
   if (psc_node_join(&cfg, 0) != PSC_GROUP) return 1;
   if (rank == 0) strcpy(scratch->shm_name, psc_state.shm_name);

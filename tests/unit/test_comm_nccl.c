@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "comm/nccl_table.h"
+#include "core/core.h"
 #include "comm/node.h"
 #include "rank_procs.h"
 
@@ -37,6 +38,7 @@ static int setup(void **state) {
   memset(scratch, 0, sizeof *scratch);
   unsetenv("PSSHIM_COMM_TIMEOUT_S");
   unsetenv("PSSHIM_NCCL");
+  ps_options_parse(NULL, 0); /* comm reads them from the options table */
   return 0;
 }
 
@@ -159,6 +161,7 @@ static void fake_reductions(void **state) {
 static int killed_mid_collective(int rank, void *arg) {
   (void)arg;
   setenv("PSSHIM_COMM_TIMEOUT_S", "3", 1);
+  ps_options_parse(NULL, 0); /* comm reads them from the options table */
   if (rank == 2) setenv("FAKENCCL_KILL_IN_OP", "2", 1);
   int rc = start(stream_done);
   if (rc) return rc;
@@ -194,6 +197,7 @@ static int stuck(int rank, void *arg) {
   (void)rank;
   (void)arg;
   setenv("PSSHIM_COMM_TIMEOUT_S", "1", 1);
+  ps_options_parse(NULL, 0); /* comm reads them from the options table */
   int rc = start(stream_stuck);
   if (rc) return rc;
   bool ok = psc_stream_wait(NULL);
@@ -224,6 +228,7 @@ static void stuck_stream_times_out(void **state) {
 static int dies_while_waiting(int rank, void *arg) {
   (void)arg;
   setenv("PSSHIM_COMM_TIMEOUT_S", "60", 1);
+  ps_options_parse(NULL, 0); /* comm reads them from the options table */
   int rc = start(stream_stuck);
   if (rc) return rc;
   if (rank == 1) raise(SIGKILL);
@@ -249,6 +254,7 @@ static void dead_rank_ends_stream_wait(void **state) {
 static int gives_up_while_waiting(int rank, void *arg) {
   (void)arg;
   setenv("PSSHIM_COMM_TIMEOUT_S", rank == 1 ? "0.5" : "60", 1);
+  ps_options_parse(NULL, 0); /* comm reads them from the options table */
   int rc = start(stream_stuck);
   if (rc) return rc;
   bool ok = psc_stream_wait(NULL);
@@ -277,6 +283,7 @@ static int no_nccl_on_rank_1(int rank, void *arg) {
   (void)arg;
   setenv("PSSHIM_COMM_TIMEOUT_S", "60", 1);
   if (rank == 1) setenv("PSSHIM_NCCL", "/nonexistent/libnccl.so.2", 1);
+  ps_options_parse(NULL, 0); /* comm reads them from the options table */
   int rc = start(stream_done);
   psc_node_leave();
   return rc == 11 ? 0 : 1;

@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include "comm/comm.h"
+#include "core/core.h"
 
 static char last_line[512];
 static int lines;
@@ -56,6 +57,7 @@ static void reads_torchrun(void **state) {
   torchrun("5", "1", "8", "4");
   setenv("GROUP_RANK", "1", 1);
   setenv("PSSHIM_COMM_TIMEOUT_S", "2.5", 1);
+  ps_options_parse(NULL, 0); /* comm reads them from the options table */
   struct psc_ranks r;
   assert_int_equal(psc_ranks_read(&r), PSC_GROUP);
   assert_int_equal(r.rank, 5);
@@ -120,8 +122,6 @@ static void bad_values_name_the_variable(void **state) {
       {"LOCAL_WORLD_SIZE", "8", "LOCAL_WORLD_SIZE=8 is not a local world size: expected an integer from 1 to 4"},
       {"GROUP_RANK", "", "GROUP_RANK= is not a node rank: expected an integer from 0 to 1048576"},
       {"MASTER_PORT", "70000", "MASTER_PORT=70000 is not a port: expected an integer from 1 to 65535"},
-      {"PSSHIM_COMM_TIMEOUT_S", "0", "PSSHIM_COMM_TIMEOUT_S=0 is not a timeout: expected seconds, more than 0 and at most 1000000"},
-      {"PSSHIM_COMM_TIMEOUT_S", "soon", "PSSHIM_COMM_TIMEOUT_S=soon is not a timeout: expected seconds, more than 0 and at most 1000000"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     setup(NULL);

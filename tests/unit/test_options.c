@@ -14,6 +14,7 @@ static const char *const all_vars[] = {
     "PSSHIM_GPU_BUDGET", "PSSHIM_GPU_RESERVE", "PSSHIM_HOST_BUDGET", "PSSHIM_CHUNK_SIZE",
     "PSSHIM_POLICY",     "PSSHIM_LOG",         "PSSHIM_STATS",       "PSSHIM_TRACE",
     "PSSHIM_SAMPLE_MS",  "PSSHIM_CUPTI",       "PSSHIM_TORCH_ALLOC", "PSSHIM_DISABLE",
+    "PSSHIM_LIBCUDA",    "PSSHIM_NCCL",        "PSSHIM_COMM_TIMEOUT_S",
 };
 
 static int clear_env(void **state)
@@ -50,6 +51,8 @@ static void test_bad_values_refused(void **state)
       {"PSSHIM_LOG", "loud"},        {"PSSHIM_STATS", ""},         {"PSSHIM_TRACE", ""},
       {"PSSHIM_SAMPLE_MS", "0"},     {"PSSHIM_SAMPLE_MS", "10ms"}, {"PSSHIM_SAMPLE_MS", "-1"},
       {"PSSHIM_CUPTI", ""},          {"PSSHIM_TORCH_ALLOC", "native"}, {"PSSHIM_DISABLE", "yes"},
+      {"PSSHIM_LIBCUDA", ""},        {"PSSHIM_NCCL", ""},
+      {"PSSHIM_COMM_TIMEOUT_S", "0"}, {"PSSHIM_COMM_TIMEOUT_S", "soon"}, {"PSSHIM_COMM_TIMEOUT_S", "2e6"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
     expect_refused(bad[i][0], bad[i][1]);
