@@ -4,9 +4,9 @@
 # 2.68B GPT under psshim at the runs named in STUDY_RUNS, each
 # POLICY:RATIO:RUNAHEAD[:VARIANT[:RATE[:CHUNK]]] (VARIANT: .gpu/libpsshim-VARIANT.so, see
 # pack.sh; RATE: PSSHIM_INPLACE_RATE, e.g. 4G; CHUNK: PSSHIM_CHUNK_SIZE, e.g. 4M). Budget =
-# STUDY_PEAK / RATIO; STUDY_PEAK defaults to the native peak in
-# bench/results/paging_sweep_gpt2.7b_run14.json. Prints, per run, whether its losses equal
-# that file's native ones bitwise, the median of the last 5 of 12 steps, the bytes NVML saw
+# STUDY_PEAK / RATIO; STUDY_PEAK defaults to the native peak (41.23 GiB) given to the sweep
+# in bench/results/paging_sweep_gpt2.7b_run14.json. Prints, per run, whether its losses
+# equal that sweep's native ones bitwise, the median of the last 5 of 12 steps, the bytes NVML saw
 # cross PCIe each way per step (gpt_train's "pcie": in-place reads too), the pager's
 # per-step costs from PSSHIM_STATS, every step's time, and each step's plan time, moves,
 # trusted period, host frames at its end and share of chunk touches served from host
