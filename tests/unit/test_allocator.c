@@ -625,12 +625,12 @@ static void test_training_loop_settles_without_moves(void **state)
 
 /* At 3x and 4x over budget on the H200 the iteration's own allocations alone outgrew the
  * GPU frames, and those made last (the backward's recomputed activations) landed in host
- * frames, where GEMMs read them in place. Here, layer by layer, the backward makes and
- * reads a short-lived activation while the saved activations wait for it and the
- * gradients for the optimizer step: 10 frames of the iteration's own data against 8. The
- * pager must evict what waits longest (gradients, saved activations, although allocated
- * this iteration) so the short-lived activation lands on the GPU. Exits with how many of
- * the last 10 steps' 80 short-lived activations did. */
+ * frames, where GEMMs read them in place (bench/results/study_run39.json). Here, layer by
+ * layer, the backward makes and reads a short-lived activation while the saved activations
+ * wait for it and the gradients for the optimizer step: 10 frames of the iteration's own
+ * data against 8. The pager must evict what waits longest (gradients, saved activations,
+ * although allocated this iteration) so the short-lived activation lands on the GPU. Exits
+ * with how many of the last 10 steps' 80 short-lived activations did. */
 static void crowded(void *arg)
 {
   (void)arg;

@@ -124,9 +124,9 @@ static void test_warm_up_prefix(void **state)
 
 /* A real torch launch stream (tests/data/gpt_small_moments.txt, from a small GPT traced on
  * the H200): periodic with 290 moments per iteration from about moment 5000, then with 434
- * from about 9900 on. Asked as psshim's session asks, the detector must name each phase's
- * period. Before the rule on evidence, long candidates that matched a few launches of the
- * start-up spanned nearly everything and no period was ever found in this stream. */
+ * from about 9900 on. Asked every 500 moments, the detector must name each phase's period.
+ * Without the rule on evidence, long candidates that matched a few launches of the
+ * start-up would span nearly everything, and no period would be found in this stream. */
 static void test_real_trace(void **state)
 {
   (void)state;
