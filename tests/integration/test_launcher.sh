@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# meson install and the psshim launcher: the install puts libpsshim.so, psshim-report and
+# psshim on the prefix, loadable without LD_LIBRARY_PATH; the installed launcher and the
+# build folder's run the test driver's training loop under the budget they are given; bad
+# options and values stop it with one line.
+# Usage: test_launcher.sh MESON BUILD_DIR BINDIR LIBDIR BUILT_LAUNCHER TRAIN_SIM
+# (BINDIR and LIBDIR absolute, as installed; the fake driver comes from the environment.)
+set -uo pipefail
+meson=$1 build=$2 bindir=$3 libdir=$4 built=$5 prog=$6
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAILED: $*"; exit 1; }
+
+"$meson" install -C "$build" --no-rebuild --destdir "$tmp/root" >"$tmp/install.log" 2>&1 ||
+  fail "meson install: $(tail -n 5 "$tmp/install.log")"
+bin=$tmp/root$bindir lib=$tmp/root$libdir
+for f in "$bin/psshim" "$bin/psshim-report" "$lib/libpsshim.so"; do
+  [ -f "$f" ] || fail "not installed: ${f#"$tmp/root"}"
+done
+[ -x "$bin/psshim" ] || fail "the installed launcher is not executable"
+for f in "$bin/psshim-report" "$lib/libpsshim.so"; do
+  deps=$(env -u LD_LIBRARY_PATH ldd "$f") || fail "ldd $f"
+  ! grep "not found" <<<"$deps" || fail "${f#"$tmp/root"} needs LD_LIBRARY_PATH"
+done
+env -u LD_LIBRARY_PATH "$bin/psshim-report" --help >/dev/null || fail "the installed psshim-report does not run"
+echo "installed: $(cd "$tmp/root" && find . -type f | sort | tr '\n' ' ')"
+
+# The budget takes effect: 24 MiB of GPU frames for a 96 MiB peak leaves the rest in host frames.
+for launcher in "$bin/psshim" "$built"; do
+  out=$("$launcher" --budget 24M --host-budget=256M --chunk-size 2M --stats "$tmp/s.json" -- "$prog" 6 8 4) ||
+    fail "$launcher: $out"
+  echo "$launcher: $out"
+  [[ $out == *"mismatches 0, psshim loaded" ]] || fail "$launcher: psshim not loaded, or wrong results"
+  python3 - "$tmp/s.json" <<'PY' || fail "$launcher: the options did not take effect"
+import json, sys
+s = json.load(open(sys.argv[1]))
+print(f"  gpu_budget {s['gpu_budget'] >> 20} MiB, host_budget {s['host_budget'] >> 20} MiB, "
+      f"chunk_size {s['chunk_size'] >> 20} MiB, peak host {s['peak_host_bytes'] >> 20} MiB")
+assert (s["gpu_budget"], s["host_budget"], s["chunk_size"]) == (24 << 20, 256 << 20, 2 << 20)
+assert s["peak_host_bytes"] > 0 and s["peak_gpu_bytes"] <= s["gpu_budget"]
+PY
+  rm -f "$tmp/s.json"
+done
+
+# LD_PRELOAD gains the installed library after what it held; a script runs by exec, named
+# with or without its folder.
+mkdir "$tmp/work"
+printf '#!/bin/sh\nprintf "%%s|%%s|%%s" "$PSSHIM_GPU_BUDGET" "$LD_PRELOAD" "$*"\n' >"$tmp/work/job.sh"
+chmod +x "$tmp/work/job.sh"
+want="12G|libm.so.6:$(readlink -f "$lib/libpsshim.so")|a b"
+for job in job.sh ./job.sh "$tmp/work/job.sh"; do
+  got=$(cd "$tmp/work" && LD_PRELOAD=libm.so.6 "$bin/psshim" --budget=12G -- "$job" a b 2>/dev/null) ||
+    fail "psshim -- $job: exit $?"
+  [ "$got" = "$want" ] || fail "psshim -- $job: got '$got', expected '$want'"
+done
+echo "a script's environment: $want"
+
+"$bin/psshim" --help >"$tmp/help" || fail "--help: exit $?"
+for option in --budget --host-budget --chunk-size --policy --trace --stats --log; do
+  grep -q -- "^ *$option " "$tmp/help" || fail "--help does not list $option"
+done
+
+# Each: exit status, the start of the one line expected on stderr, variables set, the
+# launcher's arguments. The library checks values when it loads, so the launcher can only
+# check them where it loads into a plain program: not in the sanitizer build.
+bad_cases=(
+  "2|psshim: --frobnicate: unknown option||--frobnicate -- $prog 1 1 1"
+  "2|psshim: --budget: needs a value||--budget"
+  "2|psshim: no program to run||--budget 24M --"
+  "2|psshim: no program to run||--budget 24M"
+  "127|psshim: no-such-program-here: not found||-- no-such-program-here"
+  "126|psshim: $tmp/help: not an executable file||-- $tmp/help"
+)
+if nm -D "$lib/libpsshim.so" | grep -q __asan_init; then
+  echo "bad values: skipped under the sanitizers"
+else
+  bad_cases+=(
+    "2|psshim: --budget: lots is not valid: PSSHIM_GPU_BUDGET accepts||--budget lots -- $prog 1 1 1"
+    "2|psshim: --chunk-size: 3M is not valid: PSSHIM_CHUNK_SIZE accepts||--budget 24M --chunk-size=3M -- $prog 1 1 1"
+    "2|psshim: --policy: fast is not valid||--policy fast --log loud -- $prog 1 1 1"
+    "2|psshim: PSSHIM_RUNAHEAD=0 is not valid|PSSHIM_RUNAHEAD=0|--budget 24M -- $prog 1 1 1"
+  )
+fi
+for case in "${bad_cases[@]}"; do
+  IFS='|' read -r status start vars args <<<"$case"
+  env $vars "$bin/psshim" $args >"$tmp/out" 2>"$tmp/err"
+  got=$?
+  echo "$vars psshim $args -> exit $got: $(cat "$tmp/err")"
+  [ "$got" = "$status" ] || fail "psshim $args: exit $got, expected $status"
+  [ "$(wc -l <"$tmp/err")" = 1 ] || fail "psshim $args: expected one line on stderr"
+  [[ $(cat "$tmp/err") == "$start"* ]] || fail "psshim $args: expected a line starting '$start'"
+  [ ! -s "$tmp/out" ] || fail "psshim $args: the program ran"
+done
