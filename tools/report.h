@@ -63,6 +63,56 @@ void rp_chunks_free(struct rp_chunks *cs);
  * evaluation). Sets *first and *last (indices into t->ev); false when no mark has a period. */
 bool rp_steady_marks(const struct rp_trace *t, size_t *first, size_t *last);
 
+/* The laps between consecutive ITERATION marks: what each took and moved. */
+enum rp_phase { RP_WARMUP = 0, RP_STEADY, RP_LATER }; /* before, within, after the steady marks */
+struct rp_lap {
+  size_t mark, end;           /* indices into t->ev of the marks that open and close it */
+  uint64_t iteration, period; /* the opening mark's */
+  uint64_t from, to;          /* the marks' times */
+  uint64_t launches, bytes_in, bytes_out; /* its launches; paged in (h2d) and out (d2h) */
+  /* its launches that named a live allocation by its start while some of it was in host
+   * frames (rp_in_place), and those bytes: at most what they read across PCIe */
+  uint64_t in_place, in_place_bytes;
+  enum rp_phase phase;
+};
+struct rp_laps {
+  struct rp_lap *l; /* in time order */
+  size_t n;
+};
+/* False (after one line on stderr): out of memory. */
+bool rp_laps_build(const struct rp_trace *t, const struct rp_chunks *cs, struct rp_laps *out);
+void rp_laps_free(struct rp_laps *laps);
+
+/* ---- derived: kernels reading host frames in place ---- */
+/* An allocation's (alloc, an ALLOC record) bytes in chunks on the GPU and in host frames
+ * at time ts, added to *gpu and *host. */
+void rp_split(const struct rp_trace *t, const struct rp_chunks *cs, const struct pst_record *alloc, uint64_t ts,
+              uint64_t *gpu, uint64_t *host);
+/* Calls fn for each pointer of a launch among t->ev[from..to] that is the start of a live
+ * allocation while some of it sits in host frames (the kernel reads it there, across
+ * PCIe): ev the launch's index, alloc the ALLOC's, host those bytes. False: out of memory. */
+typedef void (*rp_in_place_fn)(void *user, size_t ev, size_t alloc, uint64_t host);
+bool rp_in_place(const struct rp_trace *t, const struct rp_chunks *cs, size_t from, size_t to, rp_in_place_fn fn,
+                 void *user);
+
+/* ---- derived: allocation sites (by stack) ---- */
+struct rp_site {
+  uint32_t stack;
+  uint64_t bytes, allocs, live, peak;
+  uint64_t at_gpu, at_host;        /* its bytes on each side at the last peak of all live bytes */
+  uint64_t in_place, in_place_bytes; /* rp_in_place over the steady phase (the trace without one) */
+};
+struct rp_sites {
+  struct rp_site *s; /* those that allocated, by peak live bytes, largest first */
+  size_t n;
+  uint64_t peak, peak_ts; /* the last peak of all live bytes, and when */
+  size_t laps;            /* the steady phase's iterations (0: none): in_place / laps is one's */
+  bool placed;            /* any site has where or in-place numbers */
+};
+/* False (after one line on stderr): out of memory. */
+bool rp_sites_build(const struct rp_trace *t, const struct rp_chunks *cs, struct rp_sites *out);
+void rp_sites_free(struct rp_sites *sites);
+
 /* ---- derived: the recorded accesses of one window of the run ---- */
 struct rp_access_op { uint32_t alloc; bool free; };
 struct rp_access_alloc {
@@ -95,12 +145,16 @@ void rp_accesses_free(struct rp_accesses *a);
 /* ---- outputs; each returns false after one line on stderr ---- */
 bool rp_text(const struct rp_trace *t, const struct rp_chunks *cs, FILE *out);
 bool rp_perfetto(const struct rp_trace *t, const char *path);
-bool rp_html(const struct rp_trace *t, const struct rp_chunks *cs, const char *path);
+bool rp_html(const struct rp_trace *t, const struct rp_chunks *cs, const struct rp_accesses *a, const char *path);
 /* Replays the recorded accesses with each chunk size in sizes[0..n) at budget bytes. */
 bool rp_chunk_advice(const struct rp_accesses *a, const uint64_t *sizes, size_t n, uint64_t budget,
                      FILE *out);
 /* The least bytes any placement must bring onto the GPU in the accesses' window, at each of
- * budgets[0..n) (report_least.c says why it is a bound); t gives what was paged in then. */
+ * budgets[0..n) into best[0..n), and all it read that it did not write first into
+ * *read_all (report_least.c says why it is a bound). False: out of memory. */
+bool rp_least_bound(const struct rp_accesses *a, const uint64_t *budgets, size_t n, uint64_t *best,
+                    uint64_t *read_all);
+/* The same as a LEAST TRAFFIC section; t gives what was paged in then. */
 bool rp_least_traffic(const struct rp_trace *t, const struct rp_accesses *a, const uint64_t *budgets, size_t n,
                       FILE *out);
 
@@ -123,8 +177,16 @@ double rp_secs(const struct rp_trace *t, uint64_t ns);
 /* Writes s (n bytes) as a JSON string body / HTML text, escaped. */
 void rp_json_escape(FILE *f, const char *s, size_t n);
 void rp_html_escape(FILE *f, const char *s);
-/* name demangled into buf when it is a C++ symbol and a demangler is at hand, else name. */
+/* name demangled into buf when it is a C++ symbol, else name. */
 const char *rp_demangle(const char *name, char *buf, size_t len);
+/* A demangled name without its parameter list ("at::native::to(...) const" -> "at::native::to"). */
+const char *rp_short_name(const char *name, char *buf, size_t len);
+/* Whether a frame (demangled, or "[module]" when unnamed) is an allocator's: psshim's,
+ * libcudart's or the driver's allocation functions, torch's c10::cuda allocators. */
+bool rp_allocator_frame(const char *name);
+/* The first frame of s outside the allocators: where a person's code asked for memory
+ * (0 when every frame is an allocator's). */
+uint32_t rp_stack_start(const struct rp_trace *t, const struct rp_stack *s);
 /* Parses "64M", "1G", "512K", "4096" (binary multiples). */
 bool rp_parse_size(const char *s, uint64_t *out);
 

@@ -1,6 +1,8 @@
-/* --html: one self-contained page (inline SVG and CSS, no scripts): GPU and host memory
- * over time by class, a chunk x time residency heat map, and the text summary. All charts
- * share one time axis, so they line up. */
+/* --html: one self-contained page (inline SVG and CSS, no scripts) that a person reads at a
+ * glance: what each steady iteration took and moved against LEAST TRAFFIC, GPU and host
+ * frames over the run against their budgets, one steady iteration up close, chunk
+ * residency, the top allocation sites by the code that asked for them, and the text
+ * summary. The charts over time share one time axis, so they line up. */
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -11,8 +13,11 @@
 enum { W = 1200, LEFT = 80, RIGHT = 20, BINS = 600, MAX_ROWS = 300 };
 #define PLOT_W (W - LEFT - RIGHT)
 #define GPU_COLOR "#e8742a"
+#define IN_PLACE_COLOR "#f6c39c"
 #define HOST_COLOR "#3f73c4"
 #define NONMODEL_COLOR "#9a9a9a"
+#define TIME_COLOR "#6c5ba7"
+#define GB 1e9 /* bytes moved in GB, like LEAST TRAFFIC's MB (10^6) */
 
 /* A step function: value v[i] from t[i] until t[i + 1]. */
 struct series { uint64_t *t, *v; size_t n, cap; };
@@ -106,19 +111,32 @@ static void time_ticks(FILE *f, const struct axis *a, double y0, double y1) {
   }
 }
 
-static void iteration_marks(FILE *f, const struct rp_trace *t, const struct axis *a, double y0, double y1) {
-  size_t n = 0;
-  for (size_t i = 0; i < t->nev; i++) n += t->ev[i].type == PST_REC_ITERATION;
-  const size_t every = n > 40 ? (n + 39) / 40 : 1; /* at most ~40 labels */
+/* Iteration marks without a wall of lines: alternate steady iterations shaded behind the
+ * data, and every mark a short tick above the plot, numbered where there is room. */
+static void lap_shading(FILE *f, const struct rp_laps *laps, const struct axis *a, double y0, double h) {
   size_t k = 0;
+  for (size_t i = 0; i < laps->n; i++) {
+    const struct rp_lap *l = &laps->l[i];
+    if (l->phase != RP_STEADY || k++ % 2) continue;
+    const double x0 = x_of(a, l->from), x1 = x_of(a, l->to);
+    if (x1 > x0) fprintf(f, "<rect x='%.1f' y='%.1f' width='%.1f' height='%.1f' class='lap'/>", x0, y0, x1 - x0, h);
+  }
+  fputc('\n', f);
+}
+
+static void mark_ticks(FILE *f, const struct rp_trace *t, const struct axis *a, double y0) {
+  double labelled = -1e9; /* x of the last number drawn */
   for (size_t i = 0; i < t->nev; i++) {
     const struct pst_record *r = &t->ev[i];
-    if (r->type != PST_REC_ITERATION) continue;
+    if (r->type != PST_REC_ITERATION || r->ts_ns < a->t0 || r->ts_ns > a->t1) continue;
     const double x = x_of(a, r->ts_ns);
-    fprintf(f, "<line x1='%.1f' x2='%.1f' y1='%.1f' y2='%.1f' class='iter'/>", x, x, y0, y1);
-    if (k++ % every == 0)
-      fprintf(f, "<text x='%.1f' y='%.1f' class='itlabel'>%llu</text>", x + 2, y0 + 9,
-              (unsigned long long)r->iteration.iteration);
+    fprintf(f, "<line x1='%.1f' x2='%.1f' y1='%.1f' y2='%.1f' class='iter'/>", x, x, y0 - 6, y0);
+    if (x - labelled >= 34) {
+      const bool edge = x > LEFT + PLOT_W - 24; /* the number goes left of its tick */
+      fprintf(f, "<text x='%.1f' y='%.1f' class='itlabel'%s>%llu</text>", edge ? x - 2 : x + 2, y0 - 8,
+              edge ? " text-anchor='end'" : "", (unsigned long long)r->iteration.iteration);
+      labelled = x;
+    }
   }
   fputc('\n', f);
 }
@@ -150,14 +168,38 @@ static void band(FILE *f, const double *lower, const double *upper, double y0, d
 #undef Y
 }
 
-/* One memory chart: stacked classes, a dashed budget line, axes, legend. */
+/* The y scale of a chart whose data peak at peak under a budget line: the budget is drawn
+ * when it is within BUDGET_SPAN of the data; far above (a 138 GiB budget over 1.4 GiB of
+ * data) it would squash the data against the axis, so it is named instead. */
+#define BUDGET_SPAN 3.0
+static bool budget_on_scale(uint64_t budget, double peak) {
+  return budget && (peak <= 0 || (double)budget <= BUDGET_SPAN * peak);
+}
+
+/* Horizontal grid lines and their labels, unit per step of the y axis. */
+static void y_grid(FILE *f, double ymax, double unit, const char *suffix, double top, double h) {
+  const double step = nice_step(ymax / unit, 5) * unit;
+  for (double v = 0; v <= ymax; v += step) {
+    const double y = top + h - v / ymax * h;
+    fprintf(f, "<line x1='%d' x2='%d' y1='%.1f' y2='%.1f' class='grid'/>", LEFT, LEFT + PLOT_W, y, y);
+    fprintf(f, "<text x='%d' y='%.1f' class='tick' text-anchor='end'>%g%s</text>\n", LEFT - 6, y + 4, v / unit, suffix);
+  }
+}
+
 struct layer { const struct series *s; const char *color, *label; };
 
-static void memory_chart(FILE *f, const struct rp_trace *t, const struct axis *a, const char *title,
-                         const struct layer *layers, int nlayers, uint64_t budget, const char *budget_label) {
-  enum { H = 220, TOP = 28, BOTTOM = 24 };
+static void legend(FILE *f, int x, const char *color, const char *label) {
+  fprintf(f, "<rect x='%d' y='8' width='12' height='12' fill='%s'/><text x='%d' y='18' class='legend'>%s</text>", x,
+          color, x + 16, label);
+}
+
+/* One memory chart: stacked classes against a dashed budget line, axes, legend; laps (NULL:
+ * none) shaded behind. */
+static void memory_chart(FILE *f, const struct rp_trace *t, const struct rp_laps *laps, const struct axis *a,
+                         const char *title, const struct layer *layers, int nlayers, uint64_t budget) {
+  enum { H = 200, TOP = 40, BOTTOM = 24 };
   static double lower[BINS], upper[BINS], peak[BINS];
-  double ymax = (double)budget;
+  double ymax = 0;
   for (int b = 0; b < BINS; b++) upper[b] = 0;
   for (int l = 0; l < nlayers; l++) {
     bin_peaks(layers[l].s, a, peak);
@@ -166,16 +208,15 @@ static void memory_chart(FILE *f, const struct rp_trace *t, const struct axis *a
       if (upper[b] > ymax) ymax = upper[b];
     }
   }
+  const bool drawn = budget_on_scale(budget, ymax);
+  if (drawn && (double)budget > ymax) ymax = (double)budget;
   if (ymax <= 0) ymax = 1 << 30;
   ymax *= 1.08;
-  const double gib = 1024.0 * 1024 * 1024, step = nice_step(ymax / gib, 5) * gib;
   fprintf(f, "<h2>%s</h2>\n<svg width='%d' height='%d' viewBox='0 0 %d %d'>\n", title, W, TOP + H + BOTTOM, W,
           TOP + H + BOTTOM);
-  for (double v = 0; v <= ymax; v += step) {
-    const double y = TOP + H - v / ymax * H;
-    fprintf(f, "<line x1='%d' x2='%d' y1='%.1f' y2='%.1f' class='grid'/>", LEFT, LEFT + PLOT_W, y, y);
-    fprintf(f, "<text x='%d' y='%.1f' class='tick' text-anchor='end'>%g GiB</text>\n", LEFT - 6, y + 4, v / gib);
-  }
+  if (laps) lap_shading(f, laps, a, TOP, H);
+  y_grid(f, ymax, ymax >= 4.0 * (1 << 30) ? 1024.0 * 1024 * 1024 : 1024.0 * 1024,
+         ymax >= 4.0 * (1 << 30) ? " GiB" : " MiB", TOP, H);
   time_ticks(f, a, TOP, TOP + H);
   for (int b = 0; b < BINS; b++) lower[b] = upper[b] = 0;
   for (int l = 0; l < nlayers; l++) {
@@ -184,22 +225,350 @@ static void memory_chart(FILE *f, const struct rp_trace *t, const struct axis *a
     band(f, lower, upper, TOP, H, ymax, layers[l].color);
     memcpy(lower, upper, sizeof lower);
   }
-  if (budget) {
+  char bb[32];
+  if (drawn) {
     const double y = TOP + H - (double)budget / ymax * H;
-    char b[32];
     fprintf(f, "<line x1='%d' x2='%d' y1='%.1f' y2='%.1f' class='budget'/>", LEFT, LEFT + PLOT_W, y, y);
-    fprintf(f, "<text x='%d' y='%.1f' class='tick' text-anchor='end'>%s %s</text>\n", LEFT + PLOT_W - 4, y - 4,
-            budget_label, rp_bytes(budget, b, sizeof b));
+    fprintf(f, "<text x='%d' y='%.1f' class='budgetlabel' text-anchor='end'>budget %s</text>\n", LEFT + PLOT_W - 4,
+            y - 4, rp_bytes(budget, bb, sizeof bb));
+  } else if (budget) {
+    fprintf(f, "<text x='%d' y='18' class='budgetlabel' text-anchor='end'>budget %s: off the scale, far above</text>\n",
+            LEFT + PLOT_W, rp_bytes(budget, bb, sizeof bb));
   }
-  iteration_marks(f, t, a, TOP, TOP + H);
+  mark_ticks(f, t, a, TOP);
   fprintf(f, "<rect x='%d' y='%d' width='%d' height='%d' class='frame'/>\n", LEFT, TOP, PLOT_W, H);
   int x = LEFT;
   for (int l = 0; l < nlayers; l++) {
-    fprintf(f, "<rect x='%d' y='8' width='12' height='12' fill='%s'/><text x='%d' y='18' class='legend'>%s</text>",
-            x, layers[l].color, x + 16, layers[l].label);
+    legend(f, x, layers[l].color, layers[l].label);
     x += 24 + 7 * (int)strlen(layers[l].label);
   }
   fputs("\n</svg>\n", f);
+}
+
+/* ---- the steady iterations, one by one ---- */
+
+/* What the page says of the steady phase: its laps, and the bound of its window. */
+struct steady {
+  const struct rp_lap **l; /* the steady laps, in order */
+  size_t n;
+  uint64_t least, budget;  /* LEAST TRAFFIC at the run's budget (least valid when has_least) */
+  bool has_least;
+  const struct rp_accesses *a;
+};
+
+/* Bars per steady iteration: its time; and the bytes it brought onto the GPU (paged in, and
+ * on top what its kernels named in host frames: read in place, at most) and paged out,
+ * against the least traffic any placement must bring in. */
+static void steady_chart(FILE *f, const struct steady *st) {
+  enum { TH = 110, BH = 200, TOP = 40, GAP = 44, BOTTOM = 34 };
+  const double slot = (double)PLOT_W / (double)st->n, bw = slot * 0.36;
+  const bool values = slot >= 60; /* room for numbers on the bars */
+  /* The bytes' scale holds what was paged and the bound; an upper bound on in-place reads
+   * far above them is cut at the top (and its number written there) rather than squash them. */
+  double tmax = 0, bmax = st->has_least ? (double)st->least : 0, inmax = 0;
+  for (size_t i = 0; i < st->n; i++) {
+    const struct rp_lap *l = st->l[i];
+    tmax = fmax(tmax, (double)(l->to - l->from) / 1e9);
+    bmax = fmax(bmax, fmax((double)l->bytes_in, (double)l->bytes_out));
+    inmax = fmax(inmax, (double)(l->bytes_in + l->in_place_bytes));
+  }
+  if (inmax <= 1.5 * bmax) bmax = fmax(bmax, inmax);
+  tmax = tmax > 0 ? tmax * 1.15 : 1;
+  bmax = bmax > 0 ? bmax * 1.15 : GB;
+  const double btop = TOP + TH + GAP, height = btop + BH + BOTTOM;
+  fprintf(f, "<svg width='%d' height='%.0f' viewBox='0 0 %d %.0f'>\n", W, height, W, height);
+  fprintf(f, "<text x='%d' y='%d' class='panel'>time per iteration</text>\n", LEFT, TOP - 8);
+  y_grid(f, tmax, 1, " s", TOP, TH);
+  char b[32];
+  fprintf(f, "<text x='%d' y='%.0f' class='panel'>bytes per iteration (GB = 10^9 bytes)", LEFT, btop - 8);
+  if (st->has_least)
+    fprintf(f, "<tspan class='leastlabel'> &#8212; dashed: LEAST TRAFFIC, %.1f GB at the %s budget in %s</tspan>",
+            (double)st->least / GB, rp_bytes(st->budget, b, sizeof b), st->a->window);
+  fputs("</text>\n", f);
+  y_grid(f, bmax, GB, " GB", btop, BH);
+  const size_t label_every = slot >= 28 ? 1 : (size_t)(28 / slot) + 1;
+#define TY(v) (TOP + TH - (v) / tmax * TH)
+#define BY(v) (btop + BH - (v) / bmax * BH)
+  for (size_t i = 0; i < st->n; i++) {
+    const struct rp_lap *l = st->l[i];
+    const double x = LEFT + slot * (double)i, secs = (double)(l->to - l->from) / 1e9;
+    const double in = (double)l->bytes_in, inp = (double)l->in_place_bytes, out = (double)l->bytes_out;
+    const double top = fmin(in + inp, bmax), xin = x + slot * 0.12, xout = x + slot * 0.52;
+    fprintf(f, "<g><title>iteration %llu: %.3f s, %llu launches; paged in %.2f GB, named in host frames %.2f GB, "
+               "paged out %.2f GB</title>",
+            (unsigned long long)l->iteration, secs, (unsigned long long)l->launches, in / GB, inp / GB, out / GB);
+    fprintf(f, "<rect x='%.1f' y='%.1f' width='%.1f' height='%.1f' fill='%s'/>", x + slot * 0.2, TY(secs), slot * 0.6,
+            TOP + TH - TY(secs), TIME_COLOR);
+    fprintf(f, "<rect x='%.1f' y='%.1f' width='%.1f' height='%.1f' fill='%s'/>", xin, BY(top), bw, BY(in) - BY(top),
+            IN_PLACE_COLOR);
+    fprintf(f, "<rect x='%.1f' y='%.1f' width='%.1f' height='%.1f' fill='%s'/>", xin, BY(in), bw, btop + BH - BY(in),
+            GPU_COLOR);
+    fprintf(f, "<rect x='%.1f' y='%.1f' width='%.1f' height='%.1f' fill='%s'/></g>", xout, BY(out), bw,
+            btop + BH - BY(out), HOST_COLOR);
+    if (in + inp > bmax) /* cut: a break across the bar's top */
+      fprintf(f, "<path d='M%.1f %.1fl%.1f -5l%.1f 5l%.1f -5' class='cut'/>", xin, btop + 20, bw / 3, bw / 3, bw / 3);
+    if (values) {
+      fprintf(f, "<text x='%.1f' y='%.1f' class='value' text-anchor='middle'>%.2f s</text>", x + slot / 2, TY(secs) - 3,
+              secs);
+      if (inp > 0)
+        fprintf(f, "<text x='%.1f' y='%.1f' class='value' text-anchor='middle'>&le; %.1f</text>", xin + bw / 2,
+                in + inp > bmax ? btop + 11 : BY(top) - 3, (in + inp) / GB);
+      fprintf(f, "<text x='%.1f' y='%.1f' class='value' text-anchor='middle'>%.2f</text>", xin + bw / 2,
+              fmin(BY(in) - 3, btop + BH - 3), in / GB);
+      fprintf(f, "<text x='%.1f' y='%.1f' class='value' text-anchor='middle'>%.2f</text>", xout + bw / 2, BY(out) - 3,
+              out / GB);
+    }
+    if (i % label_every == 0)
+      fprintf(f, "<text x='%.1f' y='%.0f' class='tick' text-anchor='middle'>%llu</text>", x + slot / 2,
+              btop + BH + 14, (unsigned long long)l->iteration);
+    fputc('\n', f);
+  }
+  if (st->has_least) {
+    const double y = BY((double)st->least);
+    fprintf(f, "<line x1='%d' x2='%d' y1='%.1f' y2='%.1f' class='least'/>\n", LEFT, LEFT + PLOT_W, y, y);
+  }
+#undef TY
+#undef BY
+  fprintf(f, "<text x='%d' y='%.0f' class='tick' text-anchor='middle'>iteration</text>\n", LEFT + PLOT_W / 2,
+          height - 4);
+  fprintf(f, "<rect x='%d' y='%d' width='%d' height='%d' class='frame'/>", LEFT, TOP, PLOT_W, TH);
+  fprintf(f, "<rect x='%d' y='%.0f' width='%d' height='%d' class='frame'/>\n", LEFT, btop, PLOT_W, BH);
+  legend(f, LEFT, TIME_COLOR, "time");
+  legend(f, LEFT + 70, GPU_COLOR, "paged in (onto the GPU)");
+  legend(f, LEFT + 260, IN_PLACE_COLOR, "named in host frames: read in place, at most");
+  legend(f, LEFT + 590, HOST_COLOR, "paged out");
+  fputs("</svg>\n", f);
+}
+
+/* One row per steady iteration (the last MAX_LAP_ROWS of them). */
+static void steady_table(FILE *f, const struct rp_trace *t, const struct steady *st) {
+  enum { MAX_LAP_ROWS = 20 };
+  const size_t from = st->n > MAX_LAP_ROWS ? st->n - MAX_LAP_ROWS : 0;
+  if (from) fprintf(f, "<p class='note'>The last %d of %zu steady iterations:</p>\n", MAX_LAP_ROWS, st->n);
+  fputs("<table class='laps'><tr><th>iteration</th><th>starts at s</th><th>time s</th><th>launches</th>"
+        "<th>paged in GB</th><th>named in host frames GB</th><th>paged out GB</th></tr>\n", f);
+  for (size_t i = from; i < st->n; i++) {
+    const struct rp_lap *l = st->l[i];
+    fprintf(f, "<tr><td>%llu</td><td>%.3f</td><td>%.3f</td><td>%llu</td><td>%.2f</td><td>%.2f</td><td>%.2f</td></tr>\n",
+            (unsigned long long)l->iteration, rp_secs(t, l->from), (double)(l->to - l->from) / 1e9,
+            (unsigned long long)l->launches, (double)l->bytes_in / GB, (double)l->in_place_bytes / GB,
+            (double)l->bytes_out / GB);
+  }
+  fputs("</table>\n<p class='note'>Paged: psshim's migrations, recorded exactly. Named in host frames: the bytes in "
+        "host frames of the allocations that the iteration's launches named by their start (counted per launch), "
+        "an upper bound on what kernels read there in place across PCIe, which the trace does not record. LEAST "
+        "TRAFFIC: what any placement must bring onto the GPU, paged in or read in place (the text's LEAST TRAFFIC "
+        "says why).</p>\n",
+        f);
+}
+
+/* The headline: a steady iteration's time and bytes, and the bound. */
+static void glance(FILE *f, const struct steady *st) {
+  if (!st->n) {
+    fputs("<p class='glance'>No steady iterations: the tracer found no iteration period, so the page shows the "
+          "run as one phase.</p>\n",
+          f);
+    return;
+  }
+  double secs = 0, lo = 0, hi = 0, in = 0, inp = 0, out = 0;
+  for (size_t i = 0; i < st->n; i++) {
+    const struct rp_lap *l = st->l[i];
+    const double s = (double)(l->to - l->from) / 1e9;
+    lo = i && lo < s ? lo : s;
+    hi = hi > s ? hi : s;
+    secs += s;
+    in += (double)l->bytes_in;
+    inp += (double)l->in_place_bytes;
+    out += (double)l->bytes_out;
+  }
+  const double n = (double)st->n;
+  fprintf(f, "<p class='glance'><b>%zu steady iterations</b> (%llu to %llu): <b>%.3f s</b> each on average "
+             "(%.3f to %.3f). Each paged <b>%.2f GB</b> in and <b>%.2f GB</b> out, and its kernels named "
+             "<b>%.2f GB</b> in host frames (read in place, at most).",
+          st->n, (unsigned long long)st->l[0]->iteration, (unsigned long long)st->l[st->n - 1]->iteration, secs / n,
+          lo, hi, in / n / GB, out / n / GB, inp / n / GB);
+  if (st->has_least) {
+    char b[32];
+    fprintf(f, " LEAST TRAFFIC at the %s budget: <b>%.2f GB</b> must reach the GPU in %s, whatever the placement.",
+            rp_bytes(st->budget, b, sizeof b), (double)st->least / GB, st->a->window);
+  }
+  fputs("</p>\n", f);
+}
+
+/* ---- one steady iteration up close ---- */
+
+/* Paging per time bin of the window: bytes in (up) and out (down) as GB/s, each move spread
+ * over the time it took; and a strip of the launches the host enqueued per bin (where it
+ * enqueues none, it waited). */
+static bool traffic_chart(FILE *f, const struct rp_trace *t, const struct axis *a) {
+  enum { H = 180, TOP = 30, STRIP = 14, BOTTOM = 24 };
+  double *in = calloc(BINS, sizeof *in), *out = calloc(BINS, sizeof *out), *launch = calloc(BINS, sizeof *launch);
+  if (!in || !out || !launch) {
+    free(in);
+    free(out);
+    free(launch);
+    return false;
+  }
+  const double width = (double)(a->t1 - a->t0) / BINS; /* ns per bin */
+  for (size_t i = 0; i < t->nev; i++) {
+    const struct pst_record *r = &t->ev[i];
+    if (r->type == PST_REC_LAUNCH && r->ts_ns >= a->t0 && r->ts_ns < a->t1)
+      launch[(int)((double)(r->ts_ns - a->t0) / width)]++;
+    if (r->type != PST_REC_MIGRATION) continue;
+    const uint64_t s = r->migration.start_ns ? r->migration.start_ns : r->ts_ns;
+    const uint64_t e = r->migration.end_ns > s ? r->migration.end_ns : s + 1;
+    if (e <= a->t0 || s >= a->t1) continue;
+    double *to = r->migration.direction == PST_DIR_H2D ? in : out;
+    const double rate = (double)r->migration.bytes / (double)(e - s); /* bytes per ns */
+    const double from = s > a->t0 ? (double)(s - a->t0) : 0, until = e < a->t1 ? (double)(e - a->t0) : (double)(a->t1 - a->t0);
+    for (int b = (int)(from / width); b < BINS && b * width < until; b++) {
+      const double lo = fmax(from, b * width), hi = fmin(until, (b + 1) * width);
+      if (hi > lo) to[b] += rate * (hi - lo);
+    }
+  }
+  double ymax = 0, lmax = 0;
+  for (int b = 0; b < BINS; b++) {
+    in[b] /= width; /* bytes per ns: GB/s */
+    out[b] /= width;
+    ymax = fmax(ymax, fmax(in[b], out[b]));
+    lmax = fmax(lmax, launch[b]);
+  }
+  ymax = ymax > 0 ? ymax * 1.1 : 1;
+  const double mid = TOP + H / 2.0, bw = (double)PLOT_W / BINS, sy = TOP + H + 8;
+  fprintf(f, "<svg width='%d' height='%d' viewBox='0 0 %d %d'>\n", W, TOP + H + 8 + STRIP + BOTTOM, W,
+          TOP + H + 8 + STRIP + BOTTOM);
+  const double step = nice_step(ymax, 3);
+  for (double v = 0; v <= ymax; v += step)
+    for (int sign = -1; sign <= 1; sign += 2) {
+      const double y = mid - sign * v / ymax * (H / 2.0);
+      fprintf(f, "<line x1='%d' x2='%d' y1='%.1f' y2='%.1f' class='grid'/>", LEFT, LEFT + PLOT_W, y, y);
+      fprintf(f, "<text x='%d' y='%.1f' class='tick' text-anchor='end'>%g GB/s</text>\n", LEFT - 6, y + 4, v);
+      if (v == 0) break;
+    }
+  for (int b = 0; b < BINS; b++) {
+    const double hin = in[b] / ymax * (H / 2.0), hout = out[b] / ymax * (H / 2.0);
+    if (hin > 0.05)
+      fprintf(f, "<rect x='%.1f' y='%.1f' width='%.2f' height='%.1f' fill='%s'/>", LEFT + b * bw, mid - hin, bw, hin,
+              GPU_COLOR);
+    if (hout > 0.05)
+      fprintf(f, "<rect x='%.1f' y='%.1f' width='%.2f' height='%.1f' fill='%s'/>", LEFT + b * bw, mid, bw, hout,
+              HOST_COLOR);
+    if (launch[b] > 0)
+      fprintf(f, "<rect x='%.1f' y='%.1f' width='%.2f' height='%d' fill='#444' fill-opacity='%.2f'/>", LEFT + b * bw,
+              sy, bw, STRIP, 0.15 + 0.85 * launch[b] / lmax);
+  }
+  fputc('\n', f);
+  time_ticks(f, a, TOP, sy + STRIP);
+  fprintf(f, "<rect x='%d' y='%d' width='%d' height='%d' class='frame'/>", LEFT, TOP, PLOT_W, H);
+  fprintf(f, "<rect x='%d' y='%.0f' width='%d' height='%d' class='frame'/>", LEFT, sy, PLOT_W, STRIP);
+  fprintf(f, "<text x='%d' y='%.0f' class='tick' text-anchor='end'>launches</text>\n", LEFT - 6, sy + 11);
+  legend(f, LEFT, GPU_COLOR, "paged in (up)");
+  legend(f, LEFT + 130, HOST_COLOR, "paged out (down)");
+  fprintf(f, "<text x='%d' y='18' class='legend'>grey strip: launches the host enqueued (darker: more; blank: it "
+             "enqueued none)</text>\n</svg>\n",
+          LEFT + 280);
+  free(in);
+  free(out);
+  free(launch);
+  return true;
+}
+
+/* ---- allocation sites by the code that asked for the memory ---- */
+
+/* Frames that only pass a request on: torch's operator dispatch. */
+static bool dispatch_frame(const char *name) {
+  static const char *const prefix[] = { "at::_ops::", "c10::impl::", "c10::Dispatcher::", "c10::BoxedKernel",
+                                        "c10::KernelFunction" };
+  for (size_t i = 0; i < sizeof prefix / sizeof *prefix; i++)
+    if (strncmp(name, prefix[i], strlen(prefix[i])) == 0) return true;
+  return false;
+}
+
+static bool python_frame(const char *name) {
+  return strncmp(name, "_Py", 3) == 0 || strncmp(name, "Py", 2) == 0 || strncmp(name, "[python", 7) == 0 ||
+         strncmp(name, "[libpython", 10) == 0;
+}
+
+/* The site's callers, innermost first, from its first frame outside the allocators: named
+ * frames without their parameters, dispatch and repeats left out, up to the interpreter. */
+static void site_chain(FILE *f, const struct rp_trace *t, const struct rp_stack *s) {
+  enum { SHOW = 7 };
+  char full[1024], name[512], prev[512] = "";
+  int shown = 0;
+  for (uint32_t i = rp_stack_start(t, s); i < s->depth && shown <= SHOW; i++) {
+    const char *d = rp_demangle(rp_string(t, s->frames[i].symbol), full, sizeof full);
+    if (python_frame(d)) {
+      fputs(shown ? " &larr; <i>Python</i>" : "<i>Python</i>", f);
+      return;
+    }
+    if ((d[0] == '[' && shown) || dispatch_frame(d)) continue; /* unnamed: only when nothing else is */
+    rp_short_name(d, name, sizeof name);
+    if (strcmp(name, prev) == 0) continue;
+    fputs(shown ? " &larr; " : "", f);
+    if (shown++ == SHOW) {
+      fputs("&hellip;", f);
+      return;
+    }
+    fputs("<code>", f);
+    rp_html_escape(f, name);
+    fputs("</code>", f);
+    memcpy(prev, name, sizeof prev);
+  }
+}
+
+static void site_stack(FILE *f, const struct rp_trace *t, const struct rp_stack *s) {
+  char full[1024];
+  const uint32_t start = rp_stack_start(t, s);
+  fputs("<details><summary>stack</summary><pre>", f);
+  for (uint32_t i = 0; i < s->depth; i++) {
+    fputs(i < start ? "<span class='alloc'>" : "", f);
+    rp_html_escape(f, rp_demangle(rp_string(t, s->frames[i].symbol), full, sizeof full));
+    fprintf(f, "+0x%x%s\n", s->frames[i].offset, i < start ? "</span>" : "");
+  }
+  fputs("</pre></details>", f);
+}
+
+static bool sites_table(FILE *f, const struct rp_trace *t, const struct rp_chunks *cs) {
+  enum { TOP_SITES = 10 };
+  struct rp_sites ss;
+  if (!rp_sites_build(t, cs, &ss)) return false;
+  fprintf(f, "<h2>Top allocation sites</h2>\n");
+  if (!ss.n) {
+    fputs("<p class='note'>No ALLOC records.</p>\n", f);
+    rp_sites_free(&ss);
+    return true;
+  }
+  char a[32], b[32];
+  fprintf(f, "<p class='note'>By peak live bytes. Where: the site's bytes at the last peak of all live bytes (%s at "
+             "%.3f s). In place: %s launches that named its allocations by their start while some of each sat in "
+             "host frames, and those bytes (read across PCIe, at most). Allocated by: the first frames outside the "
+             "allocators (psshim, libcudart, torch's c10::cuda allocators), callers to the right; operator "
+             "dispatch left out.</p>\n",
+          rp_bytes(ss.peak, a, sizeof a), rp_secs(t, ss.peak_ts),
+          ss.laps ? "a steady iteration's (on average)" : "the trace's");
+  fputs("<table class='sites'><tr><th>#</th><th>peak live</th><th>where: GPU</th><th>host frames</th>"
+        "<th>in place</th><th class='chain'>allocated by</th></tr>\n",
+        f);
+  const uint64_t laps = ss.laps ? ss.laps : 1;
+  for (size_t i = 0; i < TOP_SITES && i < ss.n; i++) {
+    const struct rp_site *w = &ss.s[i];
+    fprintf(f, "<tr><td>%zu</td><td>%s</td>", i + 1, rp_bytes(w->peak, a, sizeof a));
+    fprintf(f, "<td>%s</td>", rp_bytes(w->at_gpu, a, sizeof a));
+    fprintf(f, "<td>%s</td>", rp_bytes(w->at_host, a, sizeof a));
+    fprintf(f, "<td>%llu launches, %s</td><td class='chain'>", (unsigned long long)(w->in_place / laps),
+            rp_bytes(w->in_place_bytes / laps, b, sizeof b));
+    const struct rp_stack *s = w->stack < t->nstacks ? &t->stacks[w->stack] : NULL;
+    if (w->stack && s && s->frames) {
+      site_chain(f, t, s);
+      site_stack(f, t, s);
+    } else {
+      fputs("(no stack recorded)", f);
+    }
+    fputs("</td></tr>\n", f);
+  }
+  fputs("</table>\n", f);
+  rp_sites_free(&ss);
+  return true;
 }
 
 /* ---- the residency heat map ---- */
@@ -211,8 +580,9 @@ static void cell_style(char *buf, size_t len, double gpu_share, double occupancy
   snprintf(buf, len, "#%02x%02x%02x' fill-opacity='%.2f", r, g, b, o < 1 ? 0.25 : o / 4.0);
 }
 
-static bool heat_map(FILE *f, const struct rp_chunks *cs, const struct axis *a, const struct rp_trace *t) {
-  enum { COLS = 300, TOP = 8 };
+static bool heat_map(FILE *f, const struct rp_chunks *cs, const struct axis *a, const struct rp_trace *t,
+                     const struct rp_laps *laps) {
+  enum { COLS = 300, TOP = 22 };
   fprintf(f, "<h2>Chunk residency</h2>\n");
   if (!cs->n) {
     fputs("<p class='note'>No CHUNK or MIGRATION records: nothing to draw.</p>\n", f);
@@ -230,6 +600,7 @@ static bool heat_map(FILE *f, const struct rp_chunks *cs, const struct axis *a, 
   if (per_row > 1) fprintf(f, "<p class='note'>%zu chunks per row.</p>\n", per_row);
   fprintf(f, "<svg width='%d' height='%.0f' viewBox='0 0 %d %.0f'>\n", W, TOP + h + 24, W, TOP + h + 24);
   time_ticks(f, a, TOP, TOP + h); /* under the cells: the labels show, the grid only between */
+  lap_shading(f, laps, a, TOP, h);
   for (size_t row = 0; row < rows; row++) {
     const size_t c0 = row * per_row, c1 = c0 + per_row < cs->n ? c0 + per_row : cs->n;
     uint64_t g_ns = 0, h_ns = 0, ins = 0, outs = 0;
@@ -272,7 +643,7 @@ static bool heat_map(FILE *f, const struct rp_chunks *cs, const struct axis *a, 
       fprintf(f, "<text x='%d' y='%.1f' class='tick' text-anchor='end'>%u</text>\n", LEFT - 6,
               y + (rh < 10 ? 10 : rh - 3), cs->c[c0].id);
   }
-  iteration_marks(f, t, a, TOP, TOP + h);
+  mark_ticks(f, t, a, TOP);
   fprintf(f, "<rect x='%d' y='%d' width='%d' height='%.1f' class='frame'/>\n</svg>\n", LEFT, TOP, PLOT_W, h);
   fprintf(f, "<p class='legend'><span class='sw' style='background:%s'></span>on GPU "
              "<span class='sw' style='background:%s'></span>on host "
@@ -286,22 +657,102 @@ static bool heat_map(FILE *f, const struct rp_chunks *cs, const struct axis *a, 
 static const char *STYLE =
     "body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px;color:#222;max-width:1240px}"
     "h1{font-size:22px;margin:0 0 4px}h2{font-size:16px;margin:26px 0 6px}"
-    ".meta{color:#555;font-size:13px}.note{color:#666;font-size:12px;margin:2px 0}"
+    ".meta{color:#555;font-size:13px}.note{color:#666;font-size:12px;margin:2px 0;max-width:1180px}"
+    ".glance{font-size:15px;background:#fbf6ee;border-left:4px solid #e8742a;padding:8px 12px;max-width:1160px}"
     "svg{display:block}.grid{stroke:#e6e6e6}.frame{fill:none;stroke:#999}"
-    ".tick{font-size:11px;fill:#555}.legend{font-size:12px;fill:#333}"
+    ".tick{font-size:11px;fill:#555}.legend{font-size:12px;fill:#333}.panel{font-size:12px;fill:#333;font-weight:600}"
+    ".value{font-size:10px;fill:#333;paint-order:stroke;stroke:#fff;stroke-width:2px}"
     ".budget{stroke:#c0392b;stroke-dasharray:6 4;stroke-width:1.5}"
-    ".iter{stroke:#8e44ad;stroke-opacity:.35}.itlabel{font-size:9px;fill:#8e44ad}"
+    ".budgetlabel{font-size:11px;fill:#c0392b;paint-order:stroke;stroke:#fff;stroke-width:3px}"
+    ".least{stroke:#c0392b;stroke-dasharray:8 4;stroke-width:2}"
+    ".leastlabel{font-size:12px;fill:#c0392b;font-weight:600;paint-order:stroke;stroke:#fff;stroke-width:3px}"
+    ".cut{fill:none;stroke:#fff;stroke-width:3}"
+    ".lap{fill:#8e44ad;fill-opacity:.07}.iter{stroke:#8e44ad;stroke-opacity:.6}.itlabel{font-size:9px;fill:#8e44ad}"
     ".sw{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px;vertical-align:-1px}"
+    "table{border-collapse:collapse;font-size:12px;margin:6px 0}"
+    "td,th{border-bottom:1px solid #e3e3e3;padding:3px 10px;text-align:right;vertical-align:top}"
+    "td{white-space:nowrap}th{background:#f3f3f3}td.chain,th.chain{text-align:left;white-space:normal;max-width:760px}"
+    "code{font-size:12px}"
+    "details pre{margin:4px 0;padding:6px}.alloc{color:#999}summary{color:#666;cursor:pointer}"
     "pre{font-size:12px;background:#f7f7f7;padding:12px;overflow-x:auto}";
 
-bool rp_html(const struct rp_trace *t, const struct rp_chunks *cs, const char *path) {
-  struct memory m;
-  if (!memory_build(t, cs, &m)) {
+/* The steady laps and the bound of the accesses' window at the run's budget. */
+static bool steady_build(const struct rp_trace *t, const struct rp_laps *laps, const struct rp_accesses *a,
+                         struct steady *st) {
+  *st = (struct steady){ .budget = t->hdr.gpu_budget, .a = a };
+  st->l = malloc((laps->n ? laps->n : 1) * sizeof *st->l);
+  if (!st->l) return false;
+  for (size_t i = 0; i < laps->n; i++)
+    if (laps->l[i].phase == RP_STEADY) st->l[st->n++] = &laps->l[i];
+  uint64_t read_all;
+  st->has_least = a->matched && st->budget;
+  return !st->has_least || rp_least_bound(a, &st->budget, 1, &st->least, &read_all);
+}
+
+/* The page; false after one line on stderr. */
+static bool page(FILE *f, const struct rp_trace *t, const struct rp_chunks *cs, const struct rp_accesses *acc,
+                 const struct rp_laps *laps, const struct steady *st, const struct memory *m, const char *text) {
+  const struct axis a = { t->t0, t->t1 > t->t0 ? t->t1 : t->t0 + 1 };
+  char cb[32], d[PST_DEVICE_NAME_MAX + 32];
+  fprintf(f, "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>psshim trace</title>"
+             "<style>%s</style></head><body>\n", STYLE);
+  snprintf(d, sizeof d, "%s", t->hdr.device[0] ? t->hdr.device : "unnamed device");
+  fputs("<h1>psshim trace</h1>\n<p class='meta'>", f);
+  rp_html_escape(f, t->path);
+  fprintf(f, " &mdash; pid %u on ", t->hdr.pid);
+  rp_html_escape(f, d);
+  fprintf(f, ", %.3f s traced, chunks of %s%s</p>\n", rp_secs(t, t->t1), rp_bytes(t->hdr.chunk_size, cb, sizeof cb),
+          t->error[0] ? " &mdash; <b>the file is damaged: see the summary</b>" : "");
+  glance(f, st);
+  if (st->n) {
+    fputs("<h2>Steady iterations: time, and bytes against LEAST TRAFFIC</h2>\n", f);
+    steady_chart(f, st);
+    steady_table(f, t, st);
+  }
+  const struct layer gpu[] = { { &m->gpu, GPU_COLOR, "chunks on GPU" },
+                               { &m->nonmodel, NONMODEL_COLOR, "non-model (not paged)" } };
+  const struct layer host[] = { { &m->host, HOST_COLOR, "chunks on host" } };
+  memory_chart(f, t, laps, &a, "GPU memory over the run", gpu, m->sampled ? 2 : 1, t->hdr.gpu_budget);
+  memory_chart(f, t, laps, &a, "Host memory (pinned) over the run", host, 1, t->hdr.host_budget);
+  fprintf(f, "<p class='note'>%s Per-pixel peaks. Ticks above a chart: iteration marks; shaded: alternate steady "
+             "iterations.</p>\n",
+          m->sampled ? "From SAMPLE records." : "No SAMPLE records: rebuilt from chunk residency; non-model memory unknown.");
+  if (acc->periodic) {
+    const struct axis w = { acc->from, acc->to > acc->from ? acc->to : acc->from + 1 };
+    fprintf(f, "<h2>Up close: %s</h2>\n", acc->window);
+    memory_chart(f, t, NULL, &w, "GPU memory", gpu, m->sampled ? 2 : 1, t->hdr.gpu_budget);
+    fputs("<h2>Paging</h2>\n", f);
+    if (!traffic_chart(f, t, &w)) {
+      fprintf(stderr, "psshim-report: out of memory\n");
+      return false;
+    }
+  }
+  if (!heat_map(f, cs, &a, t, laps)) {
     fprintf(stderr, "psshim-report: out of memory\n");
     return false;
   }
+  if (!sites_table(f, t, cs)) return false;
+  fputs("<h2>Summary</h2>\n<pre>", f);
+  rp_html_escape(f, text);
+  fputs("</pre>\n</body></html>\n", f);
+  return true;
+}
+
+bool rp_html(const struct rp_trace *t, const struct rp_chunks *cs, const struct rp_accesses *a, const char *path) {
+  struct memory m;
+  struct rp_laps laps = { 0 };
+  struct steady st = { 0 };
   char *text = NULL;
   size_t text_len = 0;
+  if (!memory_build(t, cs, &m) || !rp_laps_build(t, cs, &laps) || !steady_build(t, &laps, a, &st)) {
+    fprintf(stderr, "psshim-report: out of memory\n");
+    series_free(&m.gpu);
+    series_free(&m.host);
+    series_free(&m.nonmodel);
+    rp_laps_free(&laps);
+    free(st.l);
+    return false;
+  }
   FILE *tf = open_memstream(&text, &text_len);
   bool ok = tf && rp_text(t, cs, tf);
   if (tf) fclose(tf);
@@ -309,34 +760,15 @@ bool rp_html(const struct rp_trace *t, const struct rp_chunks *cs, const char *p
   if (ok && !f) fprintf(stderr, "psshim-report: %s: %s\n", path, strerror(errno));
   ok = ok && f;
   if (ok) {
-    const struct axis a = { t->t0, t->t1 > t->t0 ? t->t1 : t->t0 + 1 };
-    char cb[32], d[PST_DEVICE_NAME_MAX + 32];
-    fprintf(f, "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>psshim trace</title>"
-               "<style>%s</style></head><body>\n", STYLE);
-    snprintf(d, sizeof d, "%s", t->hdr.device[0] ? t->hdr.device : "unnamed device");
-    fputs("<h1>psshim trace</h1>\n<p class='meta'>", f);
-    rp_html_escape(f, t->path);
-    fprintf(f, " &mdash; pid %u on ", t->hdr.pid);
-    rp_html_escape(f, d);
-    fprintf(f, ", %.3f s traced, chunks of %s%s</p>\n", rp_secs(t, t->t1), rp_bytes(t->hdr.chunk_size, cb, sizeof cb),
-            t->error[0] ? " &mdash; <b>the file is damaged: see the summary</b>" : "");
-    const struct layer gpu[] = { { &m.gpu, GPU_COLOR, "chunks on GPU" },
-                                 { &m.nonmodel, NONMODEL_COLOR, "non-model (not paged)" } };
-    const struct layer host[] = { { &m.host, HOST_COLOR, "chunks on host" } };
-    memory_chart(f, t, &a, "GPU memory", gpu, m.sampled ? 2 : 1, t->hdr.gpu_budget, "budget");
-    memory_chart(f, t, &a, "Host memory (pinned)", host, 1, t->hdr.host_budget, "budget");
-    fprintf(f, "<p class='note'>%s Per-pixel peaks. Purple lines: iteration starts.</p>\n",
-            m.sampled ? "From SAMPLE records." : "No SAMPLE records: rebuilt from chunk residency; non-model memory unknown.");
-    ok = heat_map(f, cs, &a, t);
-    fputs("<h2>Summary</h2>\n<pre>", f);
-    rp_html_escape(f, text);
-    fputs("</pre>\n</body></html>\n", f);
+    ok = page(f, t, cs, a, &laps, &st, &m, text);
     if (fclose(f) != 0 && ok) {
       fprintf(stderr, "psshim-report: %s: %s\n", path, strerror(errno));
       ok = false;
     }
   }
   free(text);
+  free(st.l);
+  rp_laps_free(&laps);
   series_free(&m.gpu);
   series_free(&m.host);
   series_free(&m.nonmodel);

@@ -22,8 +22,8 @@ static size_t cut_at(size_t k, size_t ncuts, size_t n) {
 }
 
 /* best[b]: the bound for budgets[b], over moments [0, n). */
-static bool least_in(const struct rp_accesses *a, const uint64_t *budgets, size_t nb, uint64_t *best,
-                     uint64_t *read_all) {
+bool rp_least_bound(const struct rp_accesses *a, const uint64_t *budgets, size_t nb, uint64_t *best,
+                    uint64_t *read_all) {
   const size_t n = a->nmoments, ncuts = n < MAX_CUTS ? n : MAX_CUTS;
   uint64_t *at = calloc((ncuts + 1) * nb, sizeof *at); /* at[k * nb + b]: best bound up to cut k */
   uint32_t *seen = calloc(a->nallocs ? a->nallocs : 1, sizeof *seen); /* stamp: counted from cut i */
@@ -67,7 +67,7 @@ bool rp_least_traffic(const struct rp_trace *t, const struct rp_accesses *a, con
     return true;
   }
   uint64_t *best = calloc(nb, sizeof *best), read_all = 0, paged_in = 0;
-  if (!best || !least_in(a, budgets, nb, best, &read_all)) {
+  if (!best || !rp_least_bound(a, budgets, nb, best, &read_all)) {
     free(best);
     fprintf(stderr, "psshim-report: out of memory\n");
     return false;

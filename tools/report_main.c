@@ -118,14 +118,14 @@ int main(int argc, char **argv) {
   bool ok = rp_chunks_build(&t, &cs);
   if (!ok) fprintf(stderr, "psshim-report: out of memory\n");
   ok = ok && rp_text(&t, &cs, stdout);
-  struct rp_accesses acc = { 0 }; /* the least-traffic bound and the chunk-size replay read one gathering */
+  struct rp_accesses acc = { 0 }; /* the least-traffic bound, the chunk-size replay and the HTML read one gathering */
   ok = ok && rp_accesses_gather(&t, &acc);
   if (ok) ok = least ? rp_least_traffic(&t, &acc, least, nleast, stdout)
                     : rp_least_traffic(&t, &acc, &t.hdr.gpu_budget, t.hdr.gpu_budget != 0, stdout);
   if (ok && sizes) ok = rp_chunk_advice(&acc, sizes, nsizes, budget, stdout);
-  rp_accesses_free(&acc);
   if (ok && perfetto) ok = rp_perfetto(&t, perfetto);
-  if (ok && html) ok = rp_html(&t, &cs, html);
+  if (ok && html) ok = rp_html(&t, &cs, &acc, html);
+  rp_accesses_free(&acc);
   if (t.error[0])
     fprintf(stderr, "psshim-report: %s: %s (the report covers what was readable)\n", t.path, t.error);
   const int rc = !ok || t.error[0] ? EXIT_TRACE : EXIT_OK;

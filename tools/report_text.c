@@ -57,39 +57,36 @@ static void list_period(char *list, size_t len, uint64_t period) {
     snprintf(list + used, len - used, "%s%llu", used ? ", " : "", (unsigned long long)period);
 }
 
-/* Per phase: iterations between consecutive ITERATION records. Steady: those between the
- * marks of rp_steady_marks; warm-up: those before; later: those after (another loop). */
-static void phases(const struct rp_trace *t, FILE *f) {
+/* Per phase: the laps between consecutive ITERATION records (rp_laps_build). Steady: those
+ * between the marks of rp_steady_marks; warm-up: those before; later: those after (another
+ * loop). */
+static void phases(const struct rp_trace *t, const struct rp_laps *laps, FILE *f) {
   struct acc { size_t iters, launches; double secs, min, max; uint64_t moved; } ph[3] = { 0 };
-  const char *names[3] = { "warm-up", "steady", "later" };
+  const char *names[3] = { [RP_WARMUP] = "warm-up", [RP_STEADY] = "steady", [RP_LATER] = "later" };
   char other[2][96] = { "", "" }; /* periods of the marks before and after the steady ones */
-  size_t first = SIZE_MAX, last = SIZE_MAX, prev = SIZE_MAX, launches = 0;
-  uint64_t moved = 0, first_ns = 0;
+  size_t first = SIZE_MAX, last = SIZE_MAX, prev = SIZE_MAX;
+  uint64_t first_ns = 0;
   rp_steady_marks(t, &first, &last); /* untouched where no mark has a period: all warm-up */
   fprintf(f, "\nPHASES\n");
   for (size_t i = 0; i < t->nev; i++) {
     const struct pst_record *r = &t->ev[i];
-    if (r->type == PST_REC_LAUNCH) launches++;
-    if (r->type == PST_REC_MIGRATION) moved += r->migration.bytes;
     if (r->type != PST_REC_ITERATION) continue;
     bool new_period = prev == SIZE_MAX || r->iteration.period != t->ev[prev].iteration.period;
     if (new_period && (i < first || i > last))
       list_period(other[i > first], sizeof other[0], r->iteration.period);
-    if (prev == SIZE_MAX) {
-      first_ns = r->ts_ns;
-    } else {
-      struct acc *a = &ph[prev < first ? 0 : i <= last ? 1 : 2];
-      const double s = (double)(r->ts_ns - t->ev[prev].ts_ns) / 1e9;
-      if (!a->iters || s < a->min) a->min = s;
-      if (s > a->max) a->max = s;
-      a->iters++;
-      a->secs += s;
-      a->launches += launches;
-      a->moved += moved;
-    }
+    if (prev == SIZE_MAX) first_ns = r->ts_ns;
     prev = i;
-    launches = 0;
-    moved = 0;
+  }
+  for (size_t k = 0; k < laps->n; k++) {
+    const struct rp_lap *l = &laps->l[k];
+    struct acc *a = &ph[l->phase];
+    const double s = (double)(l->to - l->from) / 1e9;
+    if (!a->iters || s < a->min) a->min = s;
+    if (s > a->max) a->max = s;
+    a->iters++;
+    a->secs += s;
+    a->launches += l->launches;
+    a->moved += l->bytes_in + l->bytes_out;
   }
   if (prev == SIZE_MAX) {
     fprintf(f, "  no ITERATION records: the run is one phase of %.3f s\n", rp_secs(t, t->t1));
@@ -164,138 +161,51 @@ static void data_move(const struct rp_trace *t, FILE *f) {
             (unsigned long long)paging.times, (double)paging.ns / 1e6);
 }
 
-struct site { uint32_t stack; uint64_t bytes, allocs, live, peak, at_gpu, at_host, in_place, in_place_bytes; };
-static int by_peak(const void *a, const void *b) {
-  const struct site *x = a, *y = b;
-  if (x->peak != y->peak) return x->peak > y->peak ? -1 : 1;
-  return x->bytes > y->bytes ? -1 : x->bytes < y->bytes;
-}
-
+/* From the first frame outside the allocators (rp_stack_start), up to 8. */
 static void print_stack(const struct rp_trace *t, uint32_t id, FILE *f) {
   if (!id || id >= t->nstacks || !t->stacks[id].frames) {
     fprintf(f, "      (no stack recorded)\n");
     return;
   }
   const struct rp_stack *s = &t->stacks[id];
+  const uint32_t start = rp_stack_start(t, s);
   char name[512];
-  for (uint32_t i = 0; i < s->depth && i < 8; i++)
+  if (start) fprintf(f, "      (%u frame%s of the allocators above)\n", start, start == 1 ? "" : "s");
+  for (uint32_t i = start; i < s->depth && i < start + 8; i++)
     fprintf(f, "      %s+0x%x\n", rp_demangle(rp_string(t, s->frames[i].symbol), name, sizeof name),
             s->frames[i].offset);
-  if (s->depth > 8) fprintf(f, "      ... %u more frames\n", s->depth - 8);
+  if (s->depth > start + 8) fprintf(f, "      ... %u more frames\n", s->depth - start - 8);
 }
 
-/* An allocation's bytes in chunks on the GPU and in host frames at time ts. */
-static void split(const struct rp_trace *t, const struct rp_chunks *cs, const struct pst_record *a, uint64_t ts,
-                  uint64_t *gpu, uint64_t *host) {
-  const uint64_t base = t->hdr.space_base, size = t->hdr.chunk_size, hi = a->alloc.addr + a->alloc.size;
-  for (uint64_t at = a->alloc.addr; size && at < hi && at >= base;) {
-    const uint64_t c = (at - base) / size, end = base + (c + 1) * size < hi ? base + (c + 1) * size : hi;
-    if (c > UINT32_MAX) break;
-    const enum rp_where w = rp_chunk_at(cs, (uint32_t)c, ts);
-    if (w == RP_GPU) *gpu += end - at;
-    if (w == RP_HOST) *host += end - at;
-    at = end;
-  }
-}
-
-static struct site *site_of(const struct rp_trace *t, struct site *site, const struct pst_record *a) {
-  return &site[a->alloc.stack < t->nstacks ? a->alloc.stack : 0];
-}
-
-/* Sites by stack id; live bytes follow ALLOC and FREE through a map addr -> ALLOC, and
- * chunk residency the shared chunk model (rp_chunks_build). The first pass also counts the
- * launches of the steady phase (all of them without one) that name a live allocation by
- * its start address while some of it is in host frames: the kernel reads it there in
- * place, across PCIe. A second pass replays allocations up to the last peak of all live
- * bytes (a steady step's, not warm-up's), where what each site held is split between GPU
- * and host frames. */
 static bool alloc_sites(const struct rp_trace *t, const struct rp_chunks *cs, FILE *f) {
-  struct site *site = calloc(t->nstacks + 1, sizeof *site);
-  struct rp_map live = { 0 };
-  bool ok = site != NULL;
-  size_t allocs = 0, peak_at = 0, first = 0, last = t->nev ? t->nev - 1 : 0;
-  uint64_t total = 0, peak = 0;
-  const bool steady = rp_steady_marks(t, &first, &last);
-  size_t laps = 0; /* the steady phase's iterations: its marks, less one */
-  for (size_t i = first; steady && i <= last; i++) laps += t->ev[i].type == PST_REC_ITERATION;
-  laps = laps ? laps - 1 : 0;
-  for (size_t i = 0; i < t->nev && ok; i++) {
-    const struct pst_record *r = &t->ev[i];
-    uint64_t at;
-    if (r->type == PST_REC_ALLOC) {
-      struct site *w = site_of(t, site, r);
-      w->stack = (uint32_t)(w - site);
-      w->bytes += r->alloc.size;
-      w->allocs++;
-      w->live += r->alloc.size;
-      if (w->live > w->peak) w->peak = w->live;
-      allocs++;
-      ok = rp_map_put(&live, r->alloc.addr, i);
-      total += r->alloc.size;
-      if (total >= peak) {
-        peak = total;
-        peak_at = i;
-      }
-    } else if (r->type == PST_REC_FREE && rp_map_del(&live, r->free.addr, &at)) {
-      site_of(t, site, &t->ev[at])->live -= t->ev[at].alloc.size;
-      total -= t->ev[at].alloc.size;
-    } else if (r->type == PST_REC_LAUNCH && i >= first && i <= last) {
-      for (uint32_t k = 0; k < r->launch.n; k++) {
-        if (!rp_map_get(&live, r->launch.ptrs[k], &at)) continue;
-        uint64_t gpu = 0, host = 0;
-        split(t, cs, &t->ev[at], r->ts_ns, &gpu, &host);
-        struct site *w = site_of(t, site, &t->ev[at]);
-        w->in_place += host > 0;
-        w->in_place_bytes += host;
-      }
-    }
-  }
-  rp_map_free(&live);
-  for (size_t i = 0; i <= peak_at && i < t->nev && ok; i++) {
-    const struct pst_record *r = &t->ev[i];
-    if (r->type == PST_REC_ALLOC) ok = rp_map_put(&live, r->alloc.addr, i);
-    else if (r->type == PST_REC_FREE) rp_map_del(&live, r->free.addr, NULL);
-  }
-  const uint64_t peak_ts = t->nev ? t->ev[peak_at].ts_ns : 0;
-  for (size_t k = 0; ok && k < live.cap; k++)
-    if (live.keys[k]) {
-      const struct pst_record *a = &t->ev[live.vals[k]];
-      struct site *w = site_of(t, site, a);
-      split(t, cs, a, peak_ts, &w->at_gpu, &w->at_host);
-    }
-  rp_map_free(&live);
-  if (!ok) {
-    free(site);
-    fprintf(stderr, "psshim-report: out of memory\n");
-    return false;
-  }
+  struct rp_sites ss;
+  if (!rp_sites_build(t, cs, &ss)) return false;
   fprintf(f, "\nALLOCATION SITES (top 10 by peak live bytes)\n");
-  if (!allocs) fprintf(f, "  no ALLOC records\n");
-  bool placed = false;
-  for (size_t i = 0; i <= t->nstacks; i++) placed |= site[i].at_gpu || site[i].at_host || site[i].in_place;
+  if (!ss.n) fprintf(f, "  no ALLOC records\n");
   char a[32], b[32];
-  if (placed) {
+  if (ss.placed) {
     fprintf(f, "  where: each site's bytes at the last peak of all live bytes (%s at %.3f s)\n",
-            rp_bytes(peak, a, sizeof a), rp_secs(t, peak_ts));
+            rp_bytes(ss.peak, a, sizeof a), rp_secs(t, ss.peak_ts));
     fprintf(f, "  in place: %s launches that named one of the site's allocations by its start\n"
                "    while some of it was in host frames, and those bytes: what they read across PCIe at most\n",
-            laps ? "a steady iteration's (on average)" : "the trace's");
+            ss.laps ? "a steady iteration's (on average)" : "the trace's");
   }
-  qsort(site, t->nstacks + 1, sizeof *site, by_peak);
-  for (size_t i = 0; i < 10 && i <= t->nstacks && site[i].allocs; i++) {
-    fprintf(f, "  #%zu  peak live %s, %llu allocations, %s in all\n", i + 1, rp_bytes(site[i].peak, a, sizeof a),
-            (unsigned long long)site[i].allocs, rp_bytes(site[i].bytes, b, sizeof b));
-    if (placed && !site[i].at_gpu && !site[i].at_host)
+  const uint64_t laps = ss.laps ? ss.laps : 1;
+  for (size_t i = 0; i < 10 && i < ss.n; i++) {
+    const struct rp_site *w = &ss.s[i];
+    fprintf(f, "  #%zu  peak live %s, %llu allocations, %s in all\n", i + 1, rp_bytes(w->peak, a, sizeof a),
+            (unsigned long long)w->allocs, rp_bytes(w->bytes, b, sizeof b));
+    if (ss.placed && !w->at_gpu && !w->at_host)
       fprintf(f, "      where: none of it live then\n");
-    else if (placed)
-      fprintf(f, "      where: %s on the GPU, %s in host frames\n", rp_bytes(site[i].at_gpu, a, sizeof a),
-              rp_bytes(site[i].at_host, b, sizeof b));
-    if (placed)
-      fprintf(f, "      in place: %llu launches, %s\n", (unsigned long long)(site[i].in_place / (laps ? laps : 1)),
-              rp_bytes(site[i].in_place_bytes / (laps ? laps : 1), a, sizeof a));
-    print_stack(t, site[i].stack, f);
+    else if (ss.placed)
+      fprintf(f, "      where: %s on the GPU, %s in host frames\n", rp_bytes(w->at_gpu, a, sizeof a),
+              rp_bytes(w->at_host, b, sizeof b));
+    if (ss.placed)
+      fprintf(f, "      in place: %llu launches, %s\n", (unsigned long long)(w->in_place / laps),
+              rp_bytes(w->in_place_bytes / laps, a, sizeof a));
+    print_stack(t, w->stack, f);
   }
-  free(site);
+  rp_sites_free(&ss);
   return true;
 }
 
@@ -345,8 +255,11 @@ static bool residency(const struct rp_chunks *cs, FILE *f) {
 }
 
 bool rp_text(const struct rp_trace *t, const struct rp_chunks *cs, FILE *out) {
+  struct rp_laps laps;
+  if (!rp_laps_build(t, cs, &laps)) return false;
   run_header(t, out);
-  phases(t, out);
+  phases(t, &laps, out);
+  rp_laps_free(&laps);
   data_move(t, out);
   return alloc_sites(t, cs, out) && residency(cs, out);
 }

@@ -1,5 +1,4 @@
 /* Formatting helpers shared by psshim-report's outputs. */
-#include <dlfcn.h>
 #include <stdio.h>
 #include <ctype.h>
 #include <stdlib.h>
@@ -64,24 +63,62 @@ bool rp_parse_size(const char *s, uint64_t *out) {
   return true;
 }
 
-/* C++ symbols (torch's) read better demangled. libstdc++'s demangler is used when the
- * library can be loaded; otherwise the name stays as recorded. */
+/* libstdc++'s demangler (the Itanium C++ ABI's __cxa_demangle), declared here so that C
+ * links it: psshim-report links libstdc++, the preloaded library never does. */
+extern char *__cxa_demangle(const char *mangled, char *out, size_t *len, int *status);
+
 const char *rp_demangle(const char *name, char *buf, size_t len) {
-  static char *(*demangle)(const char *, char *, size_t *, int *);
-  static bool looked;
   if (strncmp(name, "_Z", 2) != 0) return name;
-  if (!looked) {
-    looked = true;
-    void *lib = dlopen("libstdc++.so.6", RTLD_LAZY | RTLD_LOCAL);
-    if (lib) demangle = (char *(*)(const char *, char *, size_t *, int *))dlsym(lib, "__cxa_demangle");
-  }
   int status = -1;
-  char *out = demangle ? demangle(name, NULL, NULL, &status) : NULL;
+  char *out = __cxa_demangle(name, NULL, NULL, &status);
   if (!out || status != 0) {
     free(out);
     return name;
   }
   snprintf(buf, len, "%s", out);
   free(out);
+  return buf;
+}
+
+/* Frames of the allocators between a tensor's maker and psshim: psshim's own doors,
+ * libcudart's and the driver's allocation entry points, torch's c10::cuda allocators
+ * (CUDACachingAllocator, the cudaMallocAsync backend; their internals are often unnamed
+ * frames of libc10_cuda.so). `name` is demangled or an unnamed frame's "[module]". */
+bool rp_allocator_frame(const char *name) {
+  static const char *const prefix[] = { "[libpsshim", "[libcudart", "[libcuda.so", "[libc10_cuda", "psshim_",
+                                        "cudaMalloc", "cuMemAlloc", "c10::cuda::" };
+  for (size_t i = 0; i < sizeof prefix / sizeof *prefix; i++)
+    if (strncmp(name, prefix[i], strlen(prefix[i])) == 0) return true;
+  return strstr(name, "CUDACachingAllocator") || strstr(name, "CudaMallocAsync");
+}
+
+uint32_t rp_stack_start(const struct rp_trace *t, const struct rp_stack *s) {
+  char buf[1024];
+  uint32_t i = 0;
+  while (i < s->depth && rp_allocator_frame(rp_demangle(rp_string(t, s->frames[i].symbol), buf, sizeof buf))) i++;
+  return i < s->depth ? i : 0; /* all of it the allocators': show it whole */
+}
+
+/* A demangled name without its parameter list and what follows it ("at::native::to(at::
+ * Tensor const&, ...) const" -> "at::native::to"): the list starts at the first '(' outside
+ * template brackets and braces ("{lambda()#1}"), past an operator's own name ("operator()",
+ * "operator<<"). */
+const char *rp_short_name(const char *name, char *buf, size_t len) {
+  int depth = 0;
+  size_t i = 0;
+  while (name[i]) {
+    const bool op = i >= 8 && strncmp(name + i - 8, "operator", 8) == 0 && (i == 8 || name[i - 9] == ':');
+    const size_t skip = !op ? 0 : name[i] == '(' && name[i + 1] == ')' ? 2 : strspn(name + i, "<>=!+-*/%^&|~[],");
+    if (skip) {
+      i += skip;
+      continue;
+    }
+    const char c = name[i];
+    if (c == '<' || c == '{') depth++;
+    else if ((c == '>' || c == '}') && depth > 0) depth--;
+    else if (c == '(' && depth == 0) break;
+    i++;
+  }
+  snprintf(buf, len, "%.*s", (int)(i < len ? i : len - 1), name);
   return buf;
 }

@@ -74,6 +74,29 @@ check "perfetto has slices and counters" \
   bash -c "grep -q '\"ph\":\"X\"' '$dir/run.json' && grep -q '\"ph\":\"C\"' '$dir/run.json'"
 check "html has inline svg" grep -q '<svg' "$dir/run.html"
 check "html has no external resources" bash -c "! grep -Eqi '<script|src=|href=' '$dir/run.html'"
+# The page's steady iterations: one table row each, as the generator counted them.
+check "html: one row per steady iteration" test "$(grep -c '^<tr><td>[0-9]*</td><td>[0-9.]*</td>' "$dir/run.html")" = 3
+while read -r _ it at secs launches in inplace out; do
+  check "html: iteration $it row" grep -qx "<tr><td>$it</td><td>$at</td><td>$secs</td><td>$launches</td><td>$in</td><td>$inplace</td><td>$out</td></tr>" "$dir/run.html"
+done < <(grep '^lap ' "$dir/expect")
+least_gb=$(awk -v mib="$(sed -n 's/^least-run //p' "$dir/expect")" '$1 == "least" && $2 == mib { printf "%.1f", $3 / 1000 }' "$dir/expect")
+check "html: the least-traffic line ($least_gb GB)" \
+  bash -c "grep -q \"class='least'/>\" '$dir/run.html' && grep -q 'dashed: LEAST TRAFFIC, $least_gb GB at the 1.1 GiB budget' '$dir/run.html'"
+# Budgets: the GPU's near the data is a line; the host's, 10x its data, is named instead.
+check "html: the GPU budget drawn" grep -q "class='budget'/><text [^>]*>budget 1.1 GiB</text>" "$dir/run.html"
+check "html: the host budget off the scale" grep -q '>budget 8 GiB: off the scale, far above</text>' "$dir/run.html"
+# Iteration marks are short ticks above a chart, not lines across it.
+check "html: iteration marks are ticks" \
+  awk "/class='iter'/ { n++ } END { exit !n }" "$dir/run.html"
+check "html: no mark crosses a chart" bash -c "! grep -o \"<line [^>]*class='iter'/>\" '$dir/run.html' |
+  awk -F\"'\" '{ if (\$8 - \$6 > 6.01) bad = 1 } END { exit !bad }'"
+# Sites start past the allocator's frame, demangled and without parameters.
+check "html: a site from its first frame outside the allocators" \
+  grep -q "<td class='chain'><code>synth_alloc_params</code>" "$dir/run.html"
+check "html: a mangled site demangled" grep -q "<td class='chain'><code>synth::Adam::init_state</code>" "$dir/run.html"
+check "html: no mangled name left" bash -c "! grep -q '_ZN' '$dir/run.html'"
+check "text: the allocator's frame skipped" grep -q '^      (1 frame of the allocators above)$' "$dir/out.txt"
+check "text: a mangled site demangled" grep -q '^      synth::Adam::init_state()+0x' "$dir/out.txt"
 
 # A torn trace: what was readable is reported, exit 2, the problem on stderr.
 size=$(stat -c %s "$dir/run.trace")

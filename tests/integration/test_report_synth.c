@@ -8,7 +8,11 @@
  * "where <the parameters' site's where line>" at the last peak of live bytes, and
  * "in-place <the state site's in-place line>", "least <GPU budget in MiB> <MB>" for the LEAST
  * TRAFFIC bound of the last steady iteration at three budgets, "least-run <MiB>" the run's
- * budget among them, and "least-paged <MB>", what was paged in during that iteration. */
+ * budget among them, "least-paged <MB>", what was paged in during that iteration, and
+ * "lap <iteration> <starts at s> <s> <launches> <GB in> <GB named in host frames> <GB out>"
+ * for each steady iteration (the HTML's table row). Every allocation's stack starts in a
+ * frame named like torch's allocator (c10::cuda::CUDACachingAllocator::allocate, mangled)
+ * that the report skips; the state's site is a mangled C++ name, synth::Adam::init_state(). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,7 +32,8 @@ static bool on_gpu[LAYERS + 1];
 static uint64_t last_use[LAYERS + 1], nonmodel, launches;
 static uint64_t moved_bytes[2][3], moved_times[2][3]; /* [direction][reason] */
 static uint64_t params_gpu_mib; /* the parameters' MiB on the GPU at the last peak of live bytes */
-static uint64_t paged_in[ITERS + EVALS]; /* bytes paged in during each iteration */
+static uint64_t paged_in[ITERS + EVALS], paged_out[ITERS + EVALS]; /* bytes paged during each iteration */
+static uint64_t mark_ns[ITERS + EVALS + 1]; /* when each iteration's mark was written */
 static int current;
 
 static void emit(struct pst_record r) {
@@ -59,7 +64,7 @@ static void migrate(uint32_t chunk, int dir, int reason) {
                             .chunk = { chunk, dir == PST_DIR_H2D ? PST_CHUNK_FRAME_GPU : PST_CHUNK_FRAME_HOST, BASE + chunk * CHUNK, CHUNK } });
   on_gpu[chunk] = dir == PST_DIR_H2D;
   moved_bytes[dir][reason] += CHUNK;
-  paged_in[current] += dir == PST_DIR_H2D ? CHUNK : 0;
+  *(dir == PST_DIR_H2D ? &paged_in[current] : &paged_out[current]) += CHUNK;
   moved_times[dir][reason]++;
 }
 
@@ -92,8 +97,19 @@ static void launch(const char *kernel, uint32_t layer, int iteration, uint64_t i
   advance(1000000);
 }
 
+/* The stack of an allocation, captured in a frame named as torch's caching allocator's
+ * would be (the report starts a site's stack past it). The asm keeps the call from becoming
+ * a tail call, which would leave no frame. */
+__attribute__((visibility("default"), noinline)) uint32_t synth_allocate(void)
+    __asm__("_ZN3c104cuda20CUDACachingAllocator8allocateEm");
+uint32_t synth_allocate(void) {
+  uint32_t id = pst_trace_stack_here(0);
+  __asm__ volatile("" : "+r"(id));
+  return id;
+}
+
 __attribute__((visibility("default"), noinline)) void synth_alloc_params(void) {
-  const uint32_t stack = pst_trace_stack_here(0);
+  const uint32_t stack = synth_allocate();
   for (uint32_t l = 0; l < LAYERS; l++) {
     const uint32_t place = l < SLOTS ? PST_PLACE_GPU : PST_PLACE_HOST;
     emit((struct pst_record){ .type = PST_REC_CHUNK, .chunk = { l, PST_CHUNK_CREATED, BASE + l * CHUNK, CHUNK } });
@@ -113,11 +129,12 @@ __attribute__((visibility("default"), noinline)) void synth_alloc_params(void) {
  * place (a chunk past the layers' and the workspace's). */
 #define STATE_CHUNK (LAYERS + 1)
 #define STATE_ADDR (BASE + STATE_CHUNK * CHUNK)
-__attribute__((visibility("default"), noinline)) void synth_alloc_state(void) {
+__attribute__((visibility("default"), noinline)) void synth_alloc_state(void) __asm__("_ZN5synth4Adam10init_stateEv");
+void synth_alloc_state(void) {
   emit((struct pst_record){ .type = PST_REC_CHUNK, .chunk = { STATE_CHUNK, PST_CHUNK_CREATED, STATE_ADDR, CHUNK } });
   emit((struct pst_record){ .type = PST_REC_CHUNK, .chunk = { STATE_CHUNK, PST_CHUNK_FRAME_HOST, STATE_ADDR, CHUNK } });
   emit((struct pst_record){ .type = PST_REC_ALLOC,
-                            .alloc = { STATE_ADDR, 16 * MIB, 0x100, pst_trace_stack_here(0), STATE_CHUNK, PST_PLACE_HOST } });
+                            .alloc = { STATE_ADDR, 16 * MIB, 0x100, synth_allocate(), STATE_CHUNK, PST_PLACE_HOST } });
 }
 
 __attribute__((visibility("default"), noinline)) void synth_alloc_workspace(bool alloc) {
@@ -125,7 +142,7 @@ __attribute__((visibility("default"), noinline)) void synth_alloc_workspace(bool
   if (alloc) { /* live bytes peak here, every iteration: the last time is the report's */
     params_gpu_mib = 0;
     for (uint32_t l = 0; l < LAYERS; l++) params_gpu_mib += on_gpu[l] ? 56 : 0;
-    emit((struct pst_record){ .type = PST_REC_ALLOC, .alloc = { addr, 4 * MIB, 0x100, pst_trace_stack_here(0), LAYERS, PST_PLACE_GPU } });
+    emit((struct pst_record){ .type = PST_REC_ALLOC, .alloc = { addr, 4 * MIB, 0x100, synth_allocate(), LAYERS, PST_PLACE_GPU } });
   } else
     emit((struct pst_record){ .type = PST_REC_FREE, .free = { addr, 0x100 } });
 }
@@ -134,6 +151,7 @@ __attribute__((visibility("default"), noinline)) void synth_alloc_workspace(bool
  * iteration (as the tracer's early guesses are), then the step's own. */
 static void iteration(int it) {
   current = it;
+  mark_ns[it] = now;
   const uint64_t period = it == 0 ? 0 : it < WARMUP ? 7 : LAYERS * 5;
   emit((struct pst_record){ .type = PST_REC_ITERATION, .iteration = { (uint64_t)it, period } });
   emit((struct pst_record){ .type = PST_REC_COPY, .copy = { PST_COPY_H2D, 8000000, 0x5000, BASE + LAYERS * CHUNK, 0x100, now, now + 200000 } });
@@ -161,6 +179,7 @@ static void iteration(int it) {
  * four layers. */
 static void evaluation(int it) {
   current = it;
+  mark_ns[it] = now;
   emit((struct pst_record){ .type = PST_REC_ITERATION, .iteration = { (uint64_t)it, 4 } });
   for (uint32_t l = LAYERS - 4; l < LAYERS; l++) launch("ampere_bf16_gemm_eval", l, it, 0, false);
 }
@@ -198,6 +217,10 @@ int main(int argc, char **argv) {
   }
   printf("least-run %llu\n", (unsigned long long)budgets[0]);
   printf("least-paged %.1f\n", (double)paged_in[ITERS - 2] / 1e6); /* the report's window */
+  for (int it = WARMUP; it < ITERS - 1; it++) /* the laps between the steady marks */
+    printf("lap %d %.3f %.3f %d %.2f %.2f %.2f\n", it, (double)(mark_ns[it] - T0) / 1e9,
+           (double)(mark_ns[it + 1] - mark_ns[it]) / 1e9, LAYERS * 5, (double)paged_in[it] / 1e9,
+           (double)(LAYERS * 16 * MIB) / 1e9, (double)paged_out[it] / 1e9);
   printf("expect app copy h2d|%.3f|%d\n", 8.0 * ITERS, ITERS);
   printf("expect app copy d2h|%.3f|%d\n", 0.004 * ITERS, ITERS);
   for (int d = 0; d < 2; d++)
