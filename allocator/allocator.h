@@ -81,40 +81,51 @@ struct psa_usage {
 bool psa_usage_get(int ordinal, struct psa_usage *u);
 void psa_usage_reset_high(int ordinal, bool reserved, bool used);
 
+/* Every statistic, in the order PSSHIM_STATS writes them: its name, and how devices
+ * combine (SUM, or SAME: a setting every device shares). All are uint64_t counts, bytes or
+ * nanoseconds.
+ * - frames in use by chunks; chunks mapped now, and when live bytes peaked (the fill);
+ * - copy_waits: launches that found a move's copy running and waited for it on their stream;
+ * - auto's plans once the period is known, and why the ones that stopped early did: no
+ *   host chunk to fetch, no GPU chunk that may leave, or none needed later than the fetch
+ *   (Belady); swaps passed over as not paying (psp_swap_pays); the margin kept for
+ *   short-lived allocations, in frames;
+ * - touches: observed chunk touches served from each kind of frame (auto);
+ * - host time auto spent on the launching threads: planning (moves included), moving
+ *   (queueing copies, remapping), remapping alone, a plan's scans of the chunks, polling
+ *   moves in flight before a plan, waiting for the frame pool to make a frame, making
+ *   frames (allocating threads too), holding the host back to PSSHIM_RUNAHEAD launches
+ *   ahead, and the run-ahead waits that gave up (the work ahead waited for the host);
+ * - event_queries: cuEventQuery calls the pager made to learn what has run;
+ * - sharding: the rounds held (device synchronized, chunks checksummed and compared) and
+ *   the time spent in them, chunks made shared and private again, shared chunks paged in
+ *   at a touch (pieces kept) and mapped back onto their pieces unchanged, shared chunks
+ *   gathered onto GPU frames at rounds (own piece copied in, the rest all-gathered), the
+ *   bytes that gave the GPU frames and the time they took (the communicator's making
+ *   apart), shared now, this rank's pieces of them (host bytes), and the host bytes it does
+ *   not hold thanks to them (now, and at most). */
+#define PSA_STATS_FIELDS(X)                                                                   \
+  X(allocs, SUM) X(frees, SUM) X(failed_allocs, SUM) X(live_bytes, SUM) X(peak_live_bytes, SUM) \
+  X(chunk_size, SAME) X(gpu_budget, SUM) X(host_budget, SUM)                                  \
+  X(gpu_frames, SUM) X(peak_gpu_frames, SUM) X(host_frames, SUM) X(peak_host_frames, SUM)     \
+  X(gpu_frames_made, SUM) X(host_frames_made, SUM) X(mapped_chunk_bytes, SUM)                 \
+  X(mapped_at_peak, SUM)                                                                      \
+  X(migrations_to_gpu, SUM) X(migrations_to_host, SUM) X(bytes_h2d, SUM) X(bytes_d2h, SUM)    \
+  X(copy_waits, SUM) X(touches_gpu, SUM) X(touches_host, SUM)                                 \
+  X(plans, SUM) X(plans_no_fetch, SUM) X(plans_no_victim, SUM) X(plans_belady, SUM)           \
+  X(plans_no_gain, SUM) X(margin_frames, SUM)                                                 \
+  X(plan_ns, SUM) X(move_ns, SUM) X(remap_ns, SUM) X(scan_ns, SUM) X(poll_ns, SUM)            \
+  X(frame_wait_ns, SUM) X(frame_make_ns, SUM) X(runahead_wait_ns, SUM)                        \
+  X(runahead_timeouts, SUM) X(event_queries, SUM)                                             \
+  X(share_rounds, SUM) X(share_round_ns, SUM) X(shares, SUM) X(unshares, SUM)                 \
+  X(shared_pageins, SUM) X(shared_clean_leaves, SUM) X(shared_gathers, SUM)                   \
+  X(gathered_bytes, SUM) X(gather_ns, SUM) X(comm_init_ns, SUM) X(shared_chunks, SUM)         \
+  X(shared_host_bytes, SUM) X(shard_saved_bytes, SUM) X(peak_shard_saved_bytes, SUM)
+
 struct psa_stats {
-  uint64_t allocs, frees, failed_allocs;
-  uint64_t live_bytes, peak_live_bytes;
-  uint64_t gpu_frames, peak_gpu_frames, host_frames, peak_host_frames; /* frames in use by chunks */
-  uint64_t gpu_frames_made, host_frames_made;
-  uint64_t mapped_chunk_bytes;          /* chunks mapped now */
-  uint64_t mapped_at_peak;              /* chunks mapped when live bytes peaked: the fill ratio */
-  uint64_t migrations_to_gpu, migrations_to_host, bytes_h2d, bytes_d2h;
-  uint64_t copy_waits; /* launches that found a move's copy running and waited for it on their stream */
-  /* auto's plans once the period is known, and why the ones that stopped early did: no
-   * host chunk to fetch, no GPU chunk that may leave, or none needed later than the fetch
-   * (Belady); swaps passed over as not paying (psp_swap_pays); the margin kept for
-   * short-lived allocations, in frames */
-  uint64_t plans, plans_no_fetch, plans_no_victim, plans_belady, plans_no_gain, margin_frames;
-  uint64_t touches_gpu, touches_host; /* observed chunk touches served from each kind of frame (auto) */
-  /* host time auto spent on the launching threads: planning (moves included), moving
-   * (queueing copies, remapping), remapping alone, a plan's scans of the chunks, polling
-   * moves in flight before a plan, waiting for the frame pool to make a frame, making
-   * frames (allocating threads too), and holding the host back to PSSHIM_RUNAHEAD
-   * launches ahead */
-  uint64_t plan_ns, move_ns, remap_ns, scan_ns, poll_ns, frame_wait_ns, frame_make_ns, runahead_wait_ns;
-  uint64_t runahead_timeouts; /* run-ahead waits that gave up (the work ahead waited for the host) */
-  uint64_t event_queries;     /* cuEventQuery calls the pager made to learn what has run */
-  /* sharding: the rounds held (device synchronized, chunks checksummed and compared) and
-   * the time the launching thread spent in them, chunks made shared and private again,
-   * shared chunks paged in at a touch (pieces kept) and mapped back onto their pieces
-   * unchanged, shared chunks gathered onto GPU frames at rounds (own piece copied in, the
-   * rest all-gathered), the bytes that gave the GPU frames and the time they took (the
-   * communicator's making apart), shared now, this rank's pieces of them (host bytes), and
-   * the host bytes it does not hold thanks to them (now, and at most) */
-  uint64_t share_rounds, share_round_ns, shares, unshares, shared_pageins, shared_clean_leaves, shared_gathers,
-      gathered_bytes, gather_ns, comm_init_ns, shared_chunks, shared_host_bytes, shard_saved_bytes,
-      peak_shard_saved_bytes;
-  uint64_t gpu_budget, host_budget, chunk_size;
+#define PSA_STATS_FIELD(name, how) uint64_t name;
+  PSA_STATS_FIELDS(PSA_STATS_FIELD)
+#undef PSA_STATS_FIELD
 };
 /* Sums over devices. */
 void psa_stats_get(struct psa_stats *s);
