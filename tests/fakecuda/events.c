@@ -164,10 +164,8 @@ static CUresult stream_wait_event(CUstream h, CUevent e, unsigned flags, bool pe
   if (r == CUDA_SUCCESS) r = fc_stream_resolve(h, per_thread, &s);
   if (r != CUDA_SUCCESS) return r;
   if (flags & ~(unsigned)CU_EVENT_WAIT_EXTERNAL) return CUDA_ERROR_INVALID_VALUE;
-  if (atomic_load(&s->capturing) && atomic_load(&e->captured) != s) {
-    atomic_store(&s->capture_broken, true);
-    return CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
-  }
+  r = fc_capture_wait(s, atomic_load(&e->captured));
+  if (r != CUDA_SUCCESS) return r;
   struct fc_signal *sig = latest(e);
   if (!sig) return CUDA_SUCCESS; /* never recorded: nothing to wait for */
   struct fc_op *op = fc_op_new(FC_OP_WAIT_SIGNAL, 0);

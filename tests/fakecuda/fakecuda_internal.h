@@ -75,6 +75,8 @@ void fc_sleep_us(unsigned us);
 bool fc_api_enter(int cbid, const char *name, const void *params, CUresult *result, void *slots);
 void fc_api_exit(int cbid, const char *name, const void *params, CUresult *result, void *slots);
 struct fc_api_slots { fakecuda_api_callback cb[2]; void *user[2]; };
+/* Stream capture's rules (capture.c): CUDA_SUCCESS, or the error CUDA gives this call now. */
+CUresult fc_capture_gate(int cbid, const void *params);
 
 /* Wraps one call: builds the CUPTI parameter struct NAME##_params from the arguments,
  * reports enter, runs CALL, reports exit, returns CALL's result. */
@@ -84,7 +86,8 @@ struct fc_api_slots { fakecuda_api_callback cb[2]; void *user[2]; };
     struct fc_api_slots fc_s_;                                                              \
     CUresult fc_r_ = CUDA_SUCCESS;                                                          \
     bool fc_t_ = fc_api_enter(CUPTI_DRIVER_TRACE_CBID_##name, #name, &fc_p_, &fc_r_, &fc_s_); \
-    fc_r_ = (call);                                                                         \
+    fc_r_ = fc_capture_gate(CUPTI_DRIVER_TRACE_CBID_##name, &fc_p_);                        \
+    if (fc_r_ == CUDA_SUCCESS) fc_r_ = (call);                                              \
     if (fc_t_) fc_api_exit(CUPTI_DRIVER_TRACE_CBID_##name, #name, &fc_p_, &fc_r_, &fc_s_);  \
     return fc_r_;                                                                           \
   } while (0)
@@ -94,7 +97,8 @@ struct fc_api_slots { fakecuda_api_callback cb[2]; void *user[2]; };
     struct fc_api_slots fc_s_;                                                              \
     CUresult fc_r_ = CUDA_SUCCESS;                                                          \
     bool fc_t_ = fc_api_enter(CUPTI_DRIVER_TRACE_CBID_##name, #name, NULL, &fc_r_, &fc_s_); \
-    fc_r_ = (call);                                                                         \
+    fc_r_ = fc_capture_gate(CUPTI_DRIVER_TRACE_CBID_##name, NULL);                          \
+    if (fc_r_ == CUDA_SUCCESS) fc_r_ = (call);                                              \
     if (fc_t_) fc_api_exit(CUPTI_DRIVER_TRACE_CBID_##name, #name, NULL, &fc_r_, &fc_s_);    \
     return fc_r_;                                                                           \
   } while (0)
@@ -149,6 +153,7 @@ struct CUfunc_st;
 struct fc_op {
   struct fc_op *next;
   enum fc_op_kind kind;
+  size_t size; /* bytes allocated for it (a graph replays copies) */
   union {
     struct { void *dst; const void *src; size_t n; } copy;
     struct { void *dst; uint32_t value; unsigned elem; size_t count; } memset;
@@ -172,6 +177,7 @@ struct CUstream_st {
   bool dead;       /* destroyed: takes no more work (ctx->mu) */
   _Atomic bool capturing; /* fakecuda_stream_set_capturing: capture's API rules apply */
   _Atomic bool capture_broken; /* a call broke those rules: CUDA would invalidate the capture */
+  struct fc_capture *cap; /* the capture it takes part in (capture.c's lock) */
   struct CUstream_st *next; /* in ctx->streams (ctx->mu) */
 };
 /* Resolves a stream argument: 0 means the legacy stream (or the per-thread one when
@@ -189,6 +195,15 @@ void fc_op_discard(struct fc_op *op);
 CUresult fc_stream_query(struct CUstream_st *s);
 /* Queues op on s and, when sync, waits until it has run. */
 CUresult fc_submit(struct CUstream_st *s, struct fc_op *op, bool sync);
+
+/* ---- stream capture (capture.c) ---- */
+struct fc_capture;
+/* Takes op when s is capturing (recorded, not run) or when queueing it breaks a capture's
+ * rule; then *r is the call's result. */
+bool fc_capture_enqueue(struct CUstream_st *s, struct fc_op *op, CUresult *r);
+/* s waits for an event last recorded on recorded_in (NULL: never in a capture). */
+CUresult fc_capture_wait(struct CUstream_st *s, struct CUstream_st *recorded_in);
+CUstreamCaptureStatus fc_capture_status(struct CUstream_st *s);
 
 /* ---- memory (memory.c, vmm.c) ---- */
 extern pthread_mutex_t fc_mem_mu;

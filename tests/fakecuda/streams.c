@@ -44,7 +44,10 @@ void fc_signal_wait(struct fc_signal *s) {
 /* ---- operations ---- */
 struct fc_op *fc_op_new(enum fc_op_kind kind, size_t extra) {
   struct fc_op *op = calloc(1, sizeof *op + extra);
-  if (op) op->kind = kind;
+  if (op) {
+    op->kind = kind;
+    op->size = sizeof *op + extra;
+  }
   return op;
 }
 
@@ -287,6 +290,7 @@ static CUresult wait_for(struct CUstream_st *s, struct CUstream_st *t) {
 CUresult fc_enqueue(struct CUstream_st *s, struct fc_op *op, uint64_t *seq) {
   struct CUctx_st *c = s->ctx;
   CUresult r = CUDA_SUCCESS;
+  if (fc_capture_enqueue(s, op, &r)) return r;
   pthread_mutex_lock(&c->mu);
   if (s->dead) r = CUDA_ERROR_INVALID_HANDLE;
   if (r == CUDA_SUCCESS && !(s->flags & CU_STREAM_NON_BLOCKING)) {
@@ -441,7 +445,7 @@ static CUresult stream_is_capturing(CUstream h, CUstreamCaptureStatus *status, b
   CUresult r = fc_stream_resolve(h, per_thread, &s);
   if (r != CUDA_SUCCESS) return r;
   if (!status) return CUDA_ERROR_INVALID_VALUE;
-  *status = atomic_load(&s->capturing) ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+  *status = fc_capture_status(s);
   return CUDA_SUCCESS;
 }
 FC_EXPORT CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus) {
