@@ -4,6 +4,8 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 
 #include "comm/comm.h"
 #include "comm/shm_group.h"
@@ -11,7 +13,7 @@
 _Static_assert(PSG_MAX_MEMBERS == PSC_MAX_RANKS, "comm.h promises PSC_MAX_RANKS ranks");
 
 /* Bump when struct psc_node changes: ranks of different builds then refuse to meet. */
-#define PSC_NODE_LAYOUT 1u
+#define PSC_NODE_LAYOUT 2u
 #define PSC_NODE_MAGIC (0x7073636e6f646500ull | PSC_NODE_LAYOUT) /* "pscnode" + layout */
 
 struct psc_node_slot {
@@ -28,6 +30,8 @@ struct psc_node {
   uint64_t host_budget;     /* the node's total for psc_host_reserve; 0 = no limit */
   pthread_mutex_t host_lock; /* robust and process-shared: a holder may die */
   unsigned char unique_id[128];
+  uint64_t star_salt;            /* random: names the socket star, unguessable outside the job */
+  _Atomic int32_t star_refused;  /* rank 0 could not open the star: its peers stop waiting */
   struct psg_group group;
   struct psc_node_slot slot[PSG_MAX_MEMBERS];
 };
@@ -61,8 +65,13 @@ int psc_node_size_hint(void);
 bool psc_rendezvous_open(const struct psc_ranks *r);
 /* Unmaps it; the last rank out (or the last one alive) removes the name. */
 void psc_rendezvous_close(void);
-/* "/psshim-" + hash of the job key. */
-void psc_segment_name(const char *job_key, char name[48]);
+/* Names the node segment may take, in order: rank 0 passes over those another user holds. */
+#define PSC_SEGMENT_NAMES 4
+/* "/psshim-" + hash of the job key, then "-k" for the k-th other name. */
+void psc_segment_name(const char *job_key, int k, char name[48]);
+
+/* star.c: the star's abstract socket address, from the segment's name and salt. */
+bool psc_star_address(struct sockaddr_un *a, socklen_t *len);
 
 /* comm.c: every rank passes a value and gets all ranks' values (index = rank). */
 bool psc_exchange_u64(uint64_t mine, uint64_t all[PSG_MAX_MEMBERS], const char *during);

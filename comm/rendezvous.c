@@ -3,13 +3,19 @@
  * inherited a rank's environment (a spawned helper) finds its slot taken at once instead of
  * waiting out the timeout; the last rank out removes it. A segment left by a crashed run
  * (its creator gone) is replaced by the next rank 0 and ignored by the others, and rank 0
- * removes this user's segments whose processes are all gone. */
+ * removes this user's segments whose processes are all gone.
+ *
+ * Only a regular file of this user that no other user may open is a segment: anyone can make
+ * a file in /dev/shm, and a name derived from the job can be guessed. A name held by anything
+ * else is passed over (rank 0 takes the next of PSC_SEGMENT_NAMES, the others look at each),
+ * so a squatter can neither enter the group nor stop it from meeting. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -18,10 +24,18 @@
 /* How long a segment may sit half-made before it is taken for a creator that died. */
 #define PSC_HALF_MADE_S 1.0
 
-void psc_segment_name(const char *job_key, char name[48]) {
+void psc_segment_name(const char *job_key, int k, char name[48]) {
   uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a: names must be short, keys may be long */
   for (const char *p = job_key; *p; p++) h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
-  snprintf(name, 48, "/psshim-%016llx", (unsigned long long)h);
+  if (k == 0)
+    snprintf(name, 48, "/psshim-%016llx", (unsigned long long)h);
+  else
+    snprintf(name, 48, "/psshim-%016llx-%d", (unsigned long long)h, k);
+}
+
+/* A file this job may use as its segment. */
+static bool ours(const struct stat *st) {
+  return S_ISREG(st->st_mode) && st->st_uid == geteuid() && (st->st_mode & 077) == 0;
 }
 
 static struct psc_node *map_fd(int fd) {
@@ -33,15 +47,26 @@ static struct psc_node *map_fd(int fd) {
 static void unmap(struct psc_node *node) { munmap(node, sizeof *node); }
 
 /* Opens an existing segment once it is whole: NULL if absent, too small or not yet marked
- * ready within `patience` seconds. *foreign is set when it was made by another layout. */
-static struct psc_node *open_existing(const char *name, double patience, uint64_t *foreign) {
+ * ready within `patience` seconds. *foreign is set when it was made by another layout;
+ * *taken when the name exists but is not ours (nothing is mapped then). */
+static struct psc_node *open_existing(const char *name, double patience, uint64_t *foreign, bool *taken) {
   double until = psg_now() + patience;
   unsigned round = 0;
   for (;;) {
-    int fd = shm_open(name, O_RDWR, 0600);
-    if (fd < 0) return NULL;
+    /* Non-blocking: a FIFO planted under the name must not hold the open. */
+    int fd = shm_open(name, O_RDWR | O_NONBLOCK, 0600);
+    if (fd < 0) {
+      *taken = errno != ENOENT; /* another user's, a directory, a link: it is there, not ours */
+      return NULL;
+    }
     struct stat st;
-    if (fstat(fd, &st) == 0 && st.st_size >= (off_t)sizeof(struct psc_node)) {
+    bool known = fstat(fd, &st) == 0;
+    if (known && !ours(&st)) {
+      close(fd);
+      *taken = true;
+      return NULL;
+    }
+    if (known && st.st_size >= (off_t)sizeof(struct psc_node)) {
       struct psc_node *node = map_fd(fd);
       if (!node) return NULL;
       uint64_t magic = atomic_load_explicit(&node->magic, memory_order_acquire);
@@ -70,6 +95,10 @@ static bool foreign_layout(uint64_t magic) {
 static void init_node(struct psc_node *node, const struct psc_ranks *r) {
   node->creator = psc_proc_self();
   node->nranks = r->local_world_size;
+  /* Where the kernel has no randomness yet (early boot), the clock: guessable, and then a
+   * squatter of the star's name is refused by its credentials instead. */
+  if (getrandom(&node->star_salt, sizeof node->star_salt, GRND_NONBLOCK) != sizeof node->star_salt)
+    node->star_salt = (uint64_t)(psg_now() * 1e9) ^ ((uint64_t)getpid() << 32);
   pthread_mutexattr_t a;
   pthread_mutexattr_init(&a);
   pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
@@ -101,11 +130,11 @@ static void sweep_abandoned(void) {
     if (strncmp(e->d_name, "psshim-", 7) != 0) continue;
     char name[300];
     snprintf(name, sizeof name, "/%s", e->d_name);
-    int fd = shm_open(name, O_RDONLY, 0);
+    int fd = shm_open(name, O_RDONLY | O_NONBLOCK, 0); /* a planted FIFO would block */
     if (fd < 0) continue;
     struct stat st;
     void *p = MAP_FAILED;
-    if (fstat(fd, &st) == 0 && st.st_uid == getuid() && st.st_size == sizeof(struct psc_node))
+    if (fstat(fd, &st) == 0 && ours(&st) && st.st_size == sizeof(struct psc_node))
       p = mmap(NULL, sizeof(struct psc_node), PROT_READ, MAP_SHARED, fd, 0);
     close(fd);
     if (p == MAP_FAILED) continue;
@@ -117,9 +146,9 @@ static void sweep_abandoned(void) {
   closedir(dir);
 }
 
-/* Rank 0: a fresh segment, replacing a stale one; refuses if a live rank 0 holds it. */
-static struct psc_node *create(const char *name, const struct psc_ranks *r) {
-  sweep_abandoned();
+/* Rank 0, at one name: a fresh segment, replacing a stale one of ours; refuses if a live
+ * rank 0 holds it. NULL with *taken, and no line, when the name is not ours. */
+static struct psc_node *create_at(const char *name, const struct psc_ranks *r, bool *taken) {
   for (int attempt = 0; attempt < 3; attempt++) {
     int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
     if (fd >= 0) {
@@ -143,7 +172,8 @@ static struct psc_node *create(const char *name, const struct psc_ranks *r) {
       return NULL;
     }
     uint64_t foreign = 0;
-    struct psc_node *old = open_existing(name, PSC_HALF_MADE_S, &foreign);
+    struct psc_node *old = open_existing(name, PSC_HALF_MADE_S, &foreign, taken);
+    if (*taken) return NULL;
     if (old && psc_proc_alive(old->creator.pid, old->creator.start)) {
       psc_errorf("LOCAL_RANK=0 of this job is already pid %d (segment %s): is this process a "
                  "helper that inherited a rank's environment?", (int)old->creator.pid, name);
@@ -157,24 +187,61 @@ static struct psc_node *create(const char *name, const struct psc_ranks *r) {
   return NULL;
 }
 
-/* Other ranks: wait for rank 0's live segment. */
-static struct psc_node *attach(const char *name, const struct psc_ranks *r) {
+static void all_taken(const char *first) {
+  psc_errorf("the node segment's names (%s and %d more) are all taken by other users' files: "
+             "this rank runs without the node's other ranks", first, PSC_SEGMENT_NAMES - 1);
+}
+
+/* Rank 0: the first name not taken; *name is set to it. */
+static struct psc_node *create(const struct psc_ranks *r, char name[48]) {
+  sweep_abandoned();
+  char first[48];
+  psc_segment_name(r->job_key, 0, first);
+  for (int k = 0; k < PSC_SEGMENT_NAMES; k++) {
+    bool taken = false;
+    psc_segment_name(r->job_key, k, name);
+    struct psc_node *node = create_at(name, r, &taken);
+    if (taken) continue;
+    if (node && k > 0)
+      psc_errorf("the node segment's name %s is taken by another user's file: this job's ranks "
+                 "meet at %s instead", first, name);
+    return node;
+  }
+  all_taken(first);
+  return NULL;
+}
+
+/* Other ranks: wait for rank 0's live segment, at the first name that holds one; *name is
+ * set to it. When every name is taken, rank 0 can make none: fail at once. */
+static struct psc_node *attach(const struct psc_ranks *r, char name[48]) {
   double until = psg_now() + r->timeout_s;
   unsigned round = 0;
+  char first[48];
+  psc_segment_name(r->job_key, 0, first);
   for (;;) {
-    uint64_t foreign = 0;
-    struct psc_node *node = open_existing(name, 0, &foreign);
-    if (foreign) {
-      foreign_layout(foreign);
-      return NULL;
+    int taken = 0;
+    for (int k = 0; k < PSC_SEGMENT_NAMES; k++) {
+      uint64_t foreign = 0;
+      bool not_ours = false;
+      psc_segment_name(r->job_key, k, name);
+      struct psc_node *node = open_existing(name, 0, &foreign, &not_ours);
+      if (foreign) {
+        foreign_layout(foreign);
+        return NULL;
+      }
+      taken += not_ours;
+      if (node) {
+        if (psc_proc_alive(node->creator.pid, node->creator.start)) return node;
+        unmap(node); /* a crashed run's: rank 0 will replace it */
+      }
     }
-    if (node) {
-      if (psc_proc_alive(node->creator.pid, node->creator.start)) return node;
-      unmap(node); /* a crashed run's: rank 0 will replace it */
+    if (taken == PSC_SEGMENT_NAMES) {
+      all_taken(first);
+      return NULL;
     }
     if (psg_now() >= until) {
       psc_errorf("rank 0 did not open psshim's node group (segment %s) within %gs "
-                 "(PSSHIM_COMM_TIMEOUT_S)", name, r->timeout_s);
+                 "(PSSHIM_COMM_TIMEOUT_S)", first, r->timeout_s);
       return NULL;
     }
     psg_backoff(&round);
@@ -183,8 +250,7 @@ static struct psc_node *attach(const char *name, const struct psc_ranks *r) {
 
 bool psc_rendezvous_open(const struct psc_ranks *r) {
   char name[48];
-  psc_segment_name(r->job_key, name);
-  struct psc_node *node = r->local_rank == 0 ? create(name, r) : attach(name, r);
+  struct psc_node *node = r->local_rank == 0 ? create(r, name) : attach(r, name);
   if (!node) return false;
   if (node->nranks != r->local_world_size) {
     psc_errorf("rank %d has LOCAL_WORLD_SIZE=%d but rank 0 has %d", r->local_rank,

@@ -5,7 +5,15 @@
  * A star cannot deadlock on full socket buffers: rank 0 reads every rank's message before
  * it writes any answer. Every wait is bounded by PSSHIM_COMM_TIMEOUT_S; a dead peer's
  * socket closes, which ends a wait at once. After a failure the star is closed for good,
- * so the peers' next exchange fails at once too. */
+ * so the peers' next exchange fails at once too.
+ *
+ * Only the job's ranks get in. An abstract socket has no permissions: any process of the
+ * node may connect to it or bind its name first. So its name carries a random salt from the
+ * node segment (which only this user can read), and each end checks the other's kernel
+ * credentials (SO_PEERCRED) before anything crosses: this user's uid, and the pid the segment
+ * lists for that rank. Rank 0 refuses a stranger's connection and goes on with the ranks; a
+ * rank that finds a stranger holding the name says so and runs unshared. Received frames
+ * must be like this rank's own (kind of file and size) before the caller may map them. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -13,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -30,13 +39,28 @@ static void star_fail(const char *during, int peer) {
   psc_star_close();
 }
 
-static bool address(struct sockaddr_un *a, socklen_t *len) {
+bool psc_star_address(struct sockaddr_un *a, socklen_t *len) {
   memset(a, 0, sizeof *a);
   a->sun_family = AF_UNIX;
   /* Abstract (leading NUL): nothing on disk to remove when a rank dies. */
-  int n = snprintf(a->sun_path + 1, sizeof a->sun_path - 1, "%s-star", psc_state.shm_name);
+  int n = snprintf(a->sun_path + 1, sizeof a->sun_path - 1, "%s-star-%016llx", psc_state.shm_name,
+                   (unsigned long long)psc_state.node->star_salt);
   *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
   return n > 0 && (size_t)n < sizeof a->sun_path - 1;
+}
+
+/* Who is at the other end of a connected unix socket, as the kernel saw it at connect() or
+ * listen(): no message of theirs is needed, so a stranger cannot stall the asking end. */
+static bool peer_of(int fd, struct ucred *who) {
+  socklen_t len = sizeof *who;
+  return getsockopt(fd, SOL_SOCKET, SO_PEERCRED, who, &len) == 0 && len == sizeof *who;
+}
+
+/* True if `who` is rank r: this user, and the live process the segment lists for r. */
+static bool is_rank(const struct ucred *who, int r) {
+  struct psg_member *m = &psc_state.node->group.m[r];
+  return who->uid == geteuid() && who->pid == atomic_load(&m->pid) &&
+         psc_proc_alive(who->pid, atomic_load(&m->start));
 }
 
 /* Waits for fd to be ready for `events` until the deadline. */
@@ -103,34 +127,86 @@ static bool transfer(int fd, void *buf, size_t len, bool send, int *fds, int *nf
 static bool put(int fd, const void *buf, size_t len) { return transfer(fd, (void *)buf, len, true, NULL, NULL); }
 static bool get(int fd, void *buf, size_t len) { return transfer(fd, buf, len, false, NULL, NULL); }
 
+/* The rank whose process is at the other end, or -1 (a stranger: named in one line, the
+ * first time, *said). */
+static int rank_at(int c, bool *said) {
+  struct ucred who;
+  if (!peer_of(c, &who)) return -1;
+  for (int r = 1; r < nranks(); r++)
+    if (is_rank(&who, r)) return r;
+  if (!*said)
+    psc_errorf("refused a connection to the ranks' socket star from pid %d (uid %u), which is not "
+               "one of this job's ranks", (int)who.pid, (unsigned)who.uid);
+  *said = true;
+  return -1;
+}
+
+/* Until every other rank is connected; a stranger is refused before a byte is read. */
 static bool accept_peers(int listener) {
   double until = deadline();
-  for (int k = 1; k < nranks(); k++) {
-    int32_t rank = -1;
-    int c = ready(listener, POLLIN, until) ? accept4(listener, NULL, NULL, SOCK_CLOEXEC) : -1;
-    if (c < 0 || !get(c, &rank, sizeof rank) || rank < 1 || rank >= nranks() ||
-        psc_state.star[rank] != NO_SOCKET) {
-      if (c >= 0) close(c);
+  bool said = false;
+  for (int joined = 1; joined < nranks();) {
+    if (!ready(listener, POLLIN, until)) return false;
+    int c = accept4(listener, NULL, NULL, SOCK_CLOEXEC);
+    if (c < 0) {
+      if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) continue;
       return false;
     }
-    psc_state.star[rank] = c;
+    int r = rank_at(c, &said);
+    if (r < 0 || psc_state.star[r] != NO_SOCKET) {
+      close(c);
+      continue;
+    }
+    psc_state.star[r] = c;
+    joined++;
   }
   return true;
 }
 
-/* Rank 0 may not be listening yet: retried until the timeout. */
+/* The name is bound already: by a stranger who learned it, since only rank 0 binds it. */
+static void name_taken(const struct sockaddr_un *a, socklen_t len) {
+  struct ucred who;
+  int c = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  bool known = c >= 0 && connect(c, (const struct sockaddr *)a, len) == 0 && peer_of(c, &who);
+  if (c >= 0) close(c);
+  if (known)
+    psc_errorf("the ranks' socket star cannot open: its name is held by pid %d (uid %u), which is "
+               "not one of this job's ranks; chunks are not shared", (int)who.pid, (unsigned)who.uid);
+  else
+    psc_errorf("the ranks' socket star cannot open: its name is held by another process; chunks "
+               "are not shared");
+  psc_star_close();
+}
+
+/* Rank 0 may not be listening yet: retried until the timeout, or until rank 0 says it gave
+ * up. Non-blocking, so a listener whose backlog a stranger filled cannot hold connect(). */
 static bool connect_hub(const struct sockaddr_un *a, socklen_t len) {
   double until = deadline();
   unsigned round = 0;
   for (;;) {
-    int c = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int c = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (c < 0) return false;
     if (connect(c, (const struct sockaddr *)a, len) == 0) {
-      int32_t rank = me();
-      psc_state.star[0] = c;
-      return put(c, &rank, sizeof rank);
+      struct ucred who;
+      bool known = peer_of(c, &who);
+      if (known && is_rank(&who, 0)) {
+        psc_state.star[0] = c;
+        return true;
+      }
+      close(c);
+      if (!known) return false;
+      psc_errorf("the ranks' socket star is held by pid %d (uid %u), which is not this job's rank 0: "
+                 "chunks are not shared", (int)who.pid, (unsigned)who.uid);
+      psc_star_close();
+      return false;
     }
     close(c);
+    if (atomic_load(&psc_state.node->star_refused)) {
+      psc_errorf("rank 0 could not open the ranks' socket star (its own line says why): chunks are "
+                 "not shared");
+      psc_star_close();
+      return false;
+    }
     if (psg_now() >= until) {
       errno = ETIMEDOUT;
       return false;
@@ -146,11 +222,14 @@ static bool star_up(void) {
   psc_state.star_up = true; /* so that psc_star_close closes what was opened */
   struct sockaddr_un a;
   socklen_t len;
-  bool ok = address(&a, &len);
+  bool ok = psc_star_address(&a, &len);
   if (ok && me() == 0) {
-    int l = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    ok = l >= 0 && bind(l, (struct sockaddr *)&a, len) == 0 && listen(l, PSG_MAX_MEMBERS) == 0 && accept_peers(l);
+    int l = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    bool bound = l >= 0 && bind(l, (struct sockaddr *)&a, len) == 0;
+    if (l >= 0 && !bound && errno == EADDRINUSE) name_taken(&a, len);
+    ok = bound && listen(l, PSG_MAX_MEMBERS) == 0 && accept_peers(l);
     if (l >= 0) close(l);
+    if (!ok) atomic_store(&psc_state.node->star_refused, 1); /* the others stop waiting */
   } else if (ok) {
     ok = connect_hub(&a, len);
   }
@@ -222,15 +301,37 @@ static bool relay_fds(int sock, int fds[], bool send) {
   return whole;
 }
 
+/* The first rank whose frame is not like `mine`: the same kind of file on the same device
+ * (a memfd, the driver's device file) and of the same size (the agreed piece length, where
+ * the kind has a size); -1 if none. Credentials keep strangers out; this keeps a peer's
+ * mistake from being mapped as a piece. */
+static int unlike_mine(int mine, const int fds[]) {
+  struct stat ref, st;
+  if (fstat(mine, &ref) != 0) return me();
+  for (int r = 0; r < nranks(); r++)
+    if (fds[r] >= 0 && (fstat(fds[r], &st) != 0 || (st.st_mode & S_IFMT) != (ref.st_mode & S_IFMT) ||
+                        st.st_dev != ref.st_dev || st.st_rdev != ref.st_rdev || st.st_size != ref.st_size))
+      return r;
+  return -1;
+}
+
+static void close_all(int fds[]) {
+  for (int r = 0; r < PSG_MAX_MEMBERS; r++) {
+    if (fds[r] >= 0) close(fds[r]);
+    fds[r] = NO_SOCKET;
+  }
+}
+
 bool psc_share_fds(int mine, int fds[]) {
   for (int r = 0; r < PSG_MAX_MEMBERS; r++) fds[r] = NO_SOCKET;
   if (!star_up()) return false;
   bool ok = true;
-  int peer = 0;
+  int peer = 0, bad = -1;
   if (me() != 0) {
     int one[PSG_MAX_MEMBERS];
     for (int r = 0; r < nranks(); r++) one[r] = r == me() ? mine : NO_SOCKET;
     ok = relay_fds(psc_state.star[0], one, true) && relay_fds(psc_state.star[0], fds, false);
+    ok = ok && (mine < 0 || (bad = unlike_mine(mine, fds)) < 0);
   } else {
     fds[0] = mine >= 0 ? fcntl(mine, F_DUPFD_CLOEXEC, 0) : NO_SOCKET;
     for (int k = 1; ok && k < nranks(); k++) {
@@ -241,15 +342,20 @@ bool psc_share_fds(int mine, int fds[]) {
         if (r == k) fds[k] = one[r];
         else if (one[r] >= 0) close(one[r]);
     }
+    ok = ok && (mine < 0 || (bad = unlike_mine(mine, fds)) < 0); /* before passing any on */
     for (int k = 1; ok && k < nranks(); k++) {
       ok = relay_fds(psc_state.star[k], fds, true);
       peer = k;
     }
   }
+  if (ok && mine < 0) close_all(fds); /* it takes no part: nothing of the others' to map */
   if (ok) return true;
+  if (bad >= 0) {
+    psc_errorf("the frame rank %d shared is not like this rank's own (another kind of file, or not "
+               "the agreed piece size): chunks are no longer shared from now on", bad);
+    psc_star_close();
+  }
   star_fail("the exchange of shared frames", peer);
-  for (int r = 0; r < PSG_MAX_MEMBERS; r++)
-    if (fds[r] >= 0) close(fds[r]);
-  for (int r = 0; r < PSG_MAX_MEMBERS; r++) fds[r] = NO_SOCKET;
+  close_all(fds);
   return false;
 }

@@ -1,0 +1,425 @@
+/* comm/: only the job's own ranks get in. A process that is not a rank (of another uid, or of
+ * this one) connecting to the socket star is refused, and the ranks' frames reach the ranks
+ * alone; a process of another uid holding the star's name is found out by every rank and
+ * none maps what it hands out; a frame of another size or kind than the rank's own is
+ * refused by every rank; node segment names that another user holds are passed over, and
+ * when all are held every rank runs alone at once. Another uid needs root (the tests switch
+ * a forked child to nobody); without root those cases are skipped, saying so. */
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "comm/node.h"
+#include "core/core.h"
+#include "rank_procs.h"
+
+#define NRANKS 3
+#define MIB (1ull << 20)
+#define PIECE (16 * MIB) /* the agreed piece: a 48M chunk in 3 */
+#define RANK_MARK 0x5eed
+#define STRANGER_MARK 0xbad
+#define NOBODY 65534
+#define LIMIT_S 20 /* a run that waits for the comm timeout is killed: the test fails */
+
+struct scratch {
+  _Atomic int ready;     /* the stranger is in place */
+  _Atomic int connected; /* it reached the star */
+  _Atomic int got_bytes, got_fds; /* what reached it from the job */
+};
+static struct scratch *scratch;
+
+static int setup(void **state) {
+  (void)state;
+  memset(scratch, 0, sizeof *scratch);
+  setenv("PSSHIM_COMM_TIMEOUT_S", "60", 1);
+  return ps_options_parse(NULL, 0) ? 0 : -1;
+}
+
+static bool root_or_skip(void) {
+  if (geteuid() == 0) return true;
+  print_message("[  SKIP    ] needs root, to run a stranger under another uid (%d)\n", NOBODY);
+  return false;
+}
+
+static void nap_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+static bool wait_for(_Atomic int *flag) {
+  for (int i = 0; i < 10000 && !atomic_load(flag); i++) nap_ms(1);
+  return atomic_load(flag);
+}
+
+static bool as_nobody(void) {
+  return setgroups(0, NULL) == 0 && setresgid(NOBODY, NOBODY, NOBODY) == 0 &&
+         setresuid(NOBODY, NOBODY, NOBODY) == 0;
+}
+
+static bool join(void) {
+  struct psc_config cfg = {3 * PIECE, 0, 0, "auto"};
+  return psc_node_join(&cfg, 0) == PSC_GROUP;
+}
+
+/* A frame of `bytes` holding {owner, mark}. */
+static int frame(int owner, int mark, uint64_t bytes) {
+  int fd = memfd_create("trust-test", MFD_CLOEXEC);
+  if (fd < 0 || ftruncate(fd, (off_t)bytes) != 0) return -1;
+  int v[2] = {owner, mark};
+  return pwrite(fd, v, sizeof v, 0) == sizeof v ? fd : -1;
+}
+
+/* What fd's frame holds, or {-1, -1}. */
+static void frame_holds(int fd, int v[2]) {
+  v[0] = v[1] = -1;
+  if (pread(fd, v, 2 * sizeof *v, 0) != 2 * (ssize_t)sizeof *v) v[0] = v[1] = -1;
+}
+
+/* Every rank's frame reached this rank and holds what that rank wrote: a run without a
+ * stranger ends so. */
+static int all_frames_right(const int got[]) {
+  for (int r = 0; r < NRANKS; r++) {
+    int v[2];
+    if (got[r] < 0) return 13;
+    frame_holds(got[r], v);
+    close(got[r]);
+    if (v[0] != r || v[1] != RANK_MARK) return 14;
+  }
+  return 0;
+}
+
+/* Reads what comes on c for up to secs, or until it closes: bytes and descriptors counted
+ * into the scratch, descriptors closed. */
+static void take_all(int c, double secs) {
+  for (int waited = 0; waited < secs * 1000;) {
+    struct pollfd p = {.fd = c, .events = POLLIN};
+    if (poll(&p, 1, 50) == 0) {
+      waited += 50;
+      continue;
+    }
+    char buf[256], ctl[CMSG_SPACE(sizeof(int) * PSC_MAX_RANKS)];
+    struct iovec iov = {buf, sizeof buf};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl};
+    ssize_t n = recvmsg(c, &m, MSG_CMSG_CLOEXEC);
+    if (n <= 0) return;
+    atomic_fetch_add(&scratch->got_bytes, (int)n);
+    for (struct cmsghdr *h = CMSG_FIRSTHDR(&m); h; h = CMSG_NXTHDR(&m, h)) {
+      int k = (int)((h->cmsg_len - CMSG_LEN(0)) / sizeof(int)), fds[PSC_MAX_RANKS];
+      memcpy(fds, CMSG_DATA(h), sizeof(int) * (size_t)k);
+      for (int i = 0; i < k; i++) close(fds[i]);
+      atomic_fetch_add(&scratch->got_fds, k);
+    }
+  }
+}
+
+/* ---- a stranger connects to the star ---- */
+
+/* Forked by rank 0 after the join (so it can read the star's name before it drops to
+ * another uid): connects before any rank and speaks as rank 1 would, offering no frame. */
+static int connect_as_rank(bool other_uid) {
+  struct sockaddr_un a;
+  socklen_t len;
+  if (!psc_star_address(&a, &len) || (other_uid && !as_nobody())) return 1;
+  int c = -1;
+  for (int i = 0; i < 10000 && c < 0; i++) {
+    c = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (c >= 0 && connect(c, (struct sockaddr *)&a, len) != 0) {
+      close(c);
+      c = -1;
+      nap_ms(1);
+    }
+  }
+  if (c < 0) return 2;
+  atomic_store(&scratch->connected, 1);
+  int32_t rank = 1;
+  unsigned char none[NRANKS] = {0};
+  if (send(c, &rank, sizeof rank, MSG_NOSIGNAL) == sizeof rank) send(c, none, sizeof none, MSG_NOSIGNAL);
+  take_all(c, 3);
+  close(c);
+  return 0;
+}
+
+static int ranks_beside_a_stranger(int rank, void *arg) {
+  bool other_uid = *(bool *)arg;
+  if (!join()) return 10;
+  int mine = frame(rank, RANK_MARK, PIECE), got[PSC_MAX_RANKS];
+  pid_t stranger = -1;
+  if (rank == 0 && (stranger = fork()) == 0) _exit(connect_as_rank(other_uid));
+  if (rank != 0 && !wait_for(&scratch->connected)) return 17;
+  if (rank == 1) nap_ms(300); /* the stranger took rank 1's turn */
+  if (mine < 0 || !psc_share_fds(mine, got)) return 12;
+  int bad = all_frames_right(got);
+  if (stranger > 0) waitpid(stranger, NULL, 0);
+  psc_node_leave();
+  return bad;
+}
+
+static void stranger_refused(bool other_uid) {
+  struct rank_result res[NRANKS];
+  run_ranks(NRANKS, ranks_beside_a_stranger, &other_uid, LIMIT_S, res);
+  assert_int_equal(atomic_load(&scratch->connected), 1); /* it did reach the star */
+  assert_int_equal(atomic_load(&scratch->got_fds), 0);
+  assert_int_equal(atomic_load(&scratch->got_bytes), 0);
+  for (int r = 0; r < NRANKS; r++) assert_int_equal(res[r].code, 0);
+  char uid[32];
+  snprintf(uid, sizeof uid, "(uid %d)", other_uid ? NOBODY : (int)geteuid());
+  assert_non_null(strstr(res[0].err, "psshim: refused a connection to the ranks' socket star from pid"));
+  assert_non_null(strstr(res[0].err, uid));
+  assert_null(strstr(strchr(res[0].err, '\n') + 1, "psshim:")); /* one line */
+  assert_string_equal(res[1].err, "");
+  assert_string_equal(res[2].err, "");
+}
+
+static void stranger_of_another_uid_refused(void **state) {
+  (void)state;
+  if (root_or_skip()) stranger_refused(true);
+  else skip();
+}
+
+static void same_uid_process_not_a_rank_refused(void **state) {
+  (void)state;
+  stranger_refused(false);
+}
+
+/* ---- a stranger holds the star's name ---- */
+
+/* Forked by rank 0: binds the star's name as another uid before rank 0 can, then plays
+ * rank 0 to whoever connects and says a rank: takes their frames, hands out its own. */
+static int squat_the_star(void) {
+  struct sockaddr_un a;
+  socklen_t len;
+  if (!psc_star_address(&a, &len) || !as_nobody()) return 1;
+  int l = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (l < 0 || bind(l, (struct sockaddr *)&a, len) != 0 || listen(l, 16) != 0) return 2;
+  atomic_store(&scratch->ready, 1);
+  int peers[NRANKS], n = 0;
+  for (int tries = 0; tries < 8 && n < NRANKS - 1; tries++) {
+    struct pollfd p = {.fd = l, .events = POLLIN};
+    if (poll(&p, 1, 3000) <= 0) break;
+    int c = accept(l, NULL, NULL);
+    int32_t rank;
+    struct pollfd q = {.fd = c, .events = POLLIN};
+    if (c >= 0 && poll(&q, 1, 1000) > 0 && recv(c, &rank, sizeof rank, MSG_WAITALL) == sizeof rank)
+      peers[n++] = c;
+    else if (c >= 0)
+      close(c); /* a rank that looked and left */
+  }
+  for (int k = 0; k < n; k++) take_all(peers[k], 0.3); /* their frames, if they send them */
+  unsigned char all[NRANKS];
+  int fakes[NRANKS];
+  for (int r = 0; r < NRANKS; r++) {
+    all[r] = 1;
+    fakes[r] = frame(r, STRANGER_MARK, PIECE);
+  }
+  char ctl[CMSG_SPACE(sizeof fakes)] = {0};
+  struct iovec iov = {all, sizeof all};
+  struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl};
+  struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+  h->cmsg_level = SOL_SOCKET;
+  h->cmsg_type = SCM_RIGHTS;
+  h->cmsg_len = CMSG_LEN(sizeof fakes);
+  memcpy(CMSG_DATA(h), fakes, sizeof fakes);
+  for (int k = 0; k < n; k++) sendmsg(peers[k], &m, MSG_NOSIGNAL);
+  pause(); /* rank 0 ends it once every rank is done */
+  return 0;
+}
+
+static int ranks_under_a_squatter(int rank, void *arg) {
+  (void)arg;
+  if (!join()) return 10;
+  int mine = frame(rank, RANK_MARK, PIECE), got[PSC_MAX_RANKS];
+  pid_t squatter = -1;
+  if (rank == 0 && (squatter = fork()) == 0) _exit(squat_the_star());
+  if (mine < 0 || !wait_for(&scratch->ready)) return 17;
+  int code = 0;
+  if (psc_share_fds(mine, got)) code = 21; /* the exchange went through the stranger */
+  for (int r = 0; r < NRANKS; r++) {
+    int v[2];
+    if (got[r] < 0) continue;
+    frame_holds(got[r], v);
+    code = v[1] == STRANGER_MARK ? 20 : 22; /* mapping this would read the stranger's bytes */
+    close(got[r]);
+  }
+  psc_barrier(); /* the squatter serves until every rank is past it */
+  if (squatter > 0) {
+    kill(squatter, SIGKILL);
+    waitpid(squatter, NULL, 0);
+  }
+  psc_node_leave();
+  return code;
+}
+
+static void squatting_hub_detected_by_every_rank(void **state) {
+  (void)state;
+  if (!root_or_skip()) skip();
+  struct rank_result res[NRANKS];
+  run_ranks(NRANKS, ranks_under_a_squatter, NULL, LIMIT_S, res);
+  assert_int_equal(atomic_load(&scratch->ready), 1);
+  assert_int_equal(atomic_load(&scratch->got_fds), 0); /* no rank's frame reached it */
+  for (int r = 0; r < NRANKS; r++) {
+    assert_int_equal(res[r].code, 0);
+    assert_true(res[r].seconds < 10); /* found out at once, not at the timeout */
+    assert_non_null(strstr(res[r].err, "is held by pid"));
+    assert_non_null(strstr(res[r].err, "(uid 65534), which is not"));
+    assert_null(strstr(strchr(res[r].err, '\n') + 1, "psshim:"));
+  }
+}
+
+/* ---- a frame unlike the rank's own ---- */
+
+enum defect { WRONG_SIZE, WRONG_KIND };
+
+static int ranks_with_a_bad_frame(int rank, void *arg) {
+  enum defect d = *(enum defect *)arg;
+  if (!join()) return 10;
+  int mine = frame(rank, RANK_MARK, PIECE), got[PSC_MAX_RANKS];
+  if (rank == 2 && d == WRONG_SIZE) {
+    close(mine);
+    mine = frame(rank, RANK_MARK, 2 * PIECE);
+  } else if (rank == 2) { /* a file of the right size, but not a frame */
+    FILE *f = tmpfile();
+    mine = f && ftruncate(fileno(f), PIECE) == 0 ? dup(fileno(f)) : -1;
+    if (f) fclose(f);
+  }
+  if (mine < 0) return 11;
+  int code = psc_share_fds(mine, got) ? 20 : 0;
+  for (int r = 0; r < NRANKS; r++)
+    if (got[r] >= 0) {
+      code = 21; /* the caller would map it */
+      close(got[r]);
+    }
+  psc_node_leave();
+  return code;
+}
+
+static void bad_frame_refused(enum defect d) {
+  struct rank_result res[NRANKS];
+  run_ranks(NRANKS, ranks_with_a_bad_frame, &d, LIMIT_S, res);
+  for (int r = 0; r < NRANKS; r++) {
+    assert_int_equal(res[r].code, 0);
+    assert_true(res[r].seconds < 10);
+    assert_null(strstr(strchr(res[r].err, '\n') + 1, "psshim:"));
+  }
+  assert_non_null(strstr(res[0].err, "psshim: the frame rank 2 shared is not like this rank's own"));
+}
+
+static void frame_of_wrong_size_refused(void **state) {
+  (void)state;
+  bad_frame_refused(WRONG_SIZE);
+}
+
+static void frame_of_wrong_kind_refused(void **state) {
+  (void)state;
+  bad_frame_refused(WRONG_KIND);
+}
+
+/* ---- node segment names held by another user ---- */
+
+/* Forked by rank 0 before the join: as another uid, makes the first `count` segment names
+ * into segments anyone may open, claiming to be this job's, with itself as rank 0. */
+static int squat_segments(int count) {
+  struct psc_ranks r;
+  if (psc_ranks_read(&r) != PSC_GROUP || !as_nobody()) return 1;
+  for (int k = 0; k < count; k++) {
+    char name[48];
+    psc_segment_name(r.job_key, k, name);
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0666);
+    if (fd < 0 || fchmod(fd, 0666) != 0 || ftruncate(fd, sizeof(struct psc_node)) != 0) return 2;
+    struct psc_node *node = mmap(NULL, sizeof *node, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (node == MAP_FAILED) return 3;
+    node->creator = psc_proc_self();
+    node->nranks = NRANKS;
+    node->group.n = NRANKS;
+    atomic_store(&node->magic, PSC_NODE_MAGIC);
+  }
+  atomic_store(&scratch->ready, 1);
+  pause();
+  return 0;
+}
+
+static int ranks_beside_squatted_segments(int rank, void *arg) {
+  int count = *(int *)arg;
+  pid_t squatter = -1;
+  if (rank == 0 && (squatter = fork()) == 0) _exit(squat_segments(count));
+  if (!wait_for(&scratch->ready)) return 17;
+  int code = 0;
+  if (count < PSC_SEGMENT_NAMES) { /* the job meets elsewhere and shares as usual */
+    int mine = frame(rank, RANK_MARK, PIECE), got[PSC_MAX_RANKS];
+    if (!join()) return 10;
+    code = mine >= 0 && psc_share_fds(mine, got) ? all_frames_right(got) : 12;
+    psc_barrier();
+  } else if (join()) {
+    code = 18;
+  }
+  if (squatter > 0) {
+    kill(squatter, SIGKILL);
+    waitpid(squatter, NULL, 0);
+    struct psc_ranks r;
+    psc_ranks_read(&r);
+    for (int k = 0; k < count; k++) {
+      char name[48];
+      psc_segment_name(r.job_key, k, name);
+      shm_unlink(name);
+    }
+  }
+  psc_node_leave();
+  return code;
+}
+
+static void segment_names_squatted(int count, const char *line) {
+  struct rank_result res[NRANKS];
+  run_ranks(NRANKS, ranks_beside_squatted_segments, &count, LIMIT_S, res);
+  assert_int_equal(atomic_load(&scratch->ready), 1);
+  for (int r = 0; r < NRANKS; r++) {
+    assert_int_equal(res[r].code, 0);
+    assert_true(res[r].seconds < 10);
+    if (r == 0 || count == PSC_SEGMENT_NAMES) {
+      assert_non_null(strstr(res[r].err, line));
+      assert_null(strstr(strchr(res[r].err, '\n') + 1, "psshim:"));
+    } else {
+      assert_string_equal(res[r].err, "");
+    }
+  }
+}
+
+static void squatted_segment_name_passed_over(void **state) {
+  (void)state;
+  if (!root_or_skip()) skip();
+  segment_names_squatted(1, "is taken by another user's file: this job's ranks meet at");
+}
+
+static void all_segment_names_squatted_every_rank_alone_at_once(void **state) {
+  (void)state;
+  if (!root_or_skip()) skip();
+  segment_names_squatted(PSC_SEGMENT_NAMES, "are all taken by other users' files");
+}
+
+int main(void) {
+  scratch = shared_scratch(sizeof *scratch);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup(stranger_of_another_uid_refused, setup),
+      cmocka_unit_test_setup(same_uid_process_not_a_rank_refused, setup),
+      cmocka_unit_test_setup(squatting_hub_detected_by_every_rank, setup),
+      cmocka_unit_test_setup(frame_of_wrong_size_refused, setup),
+      cmocka_unit_test_setup(frame_of_wrong_kind_refused, setup),
+      cmocka_unit_test_setup(squatted_segment_name_passed_over, setup),
+      cmocka_unit_test_setup(all_segment_names_squatted_every_rank_alone_at_once, setup),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
