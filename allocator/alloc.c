@@ -61,6 +61,9 @@ CUresult psa_alloc(int ordinal, size_t size, CUstream stream, CUdeviceptr *p)
   *p = 0;
   if (size == 0)
     return CUDA_SUCCESS;
+  uint64_t capture = psa_stream_capture(stream);
+  struct psa_relaxed relaxed PSA_RELAXED_SCOPE = psa_relax(capture || psa_capture_underway());
+  psa_placing_capture(capture);
   struct device *d = psa_device_get(ordinal);
   if (!d)
     return CUDA_ERROR_NOT_SUPPORTED;
@@ -71,9 +74,11 @@ CUresult psa_alloc(int ordinal, size_t size, CUstream stream, CUdeviceptr *p)
   struct span *s = place(d, asize, stream, &off);
   CUdeviceptr ptr = s ? d->base + s->first_chunk * d->chunk_size + off : 0;
   if (s && !psa_map_put(d, ptr, asize, s)) {
-    psa_span_release(d, s, off, asize, stream, NULL);
+    psa_span_release(d, s, off, asize, stream, NULL, capture);
     s = NULL;
   }
+  if (s && capture)
+    psa_map_find(d, ptr)->graph = capture; /* the graph names it: its bytes are the graph's for good */
   if (!s) {
     d->stats.failed_allocs++;
     pthread_mutex_unlock(&d->lock);
@@ -128,8 +133,12 @@ CUresult psa_free(CUdeviceptr p, CUstream stream, bool sync)
   if (!d)
     return CUDA_ERROR_INVALID_VALUE;
   ensure_context(d);
-  /* cudaFree and cuMemFree wait for the device; then the bytes are free for every stream. */
-  if (sync && PS_CU(ps_driver.cuCtxSynchronize()))
+  bool underway = psa_capture_underway();
+  uint64_t capture = sync ? 0 : psa_stream_capture(stream);
+  struct psa_relaxed relaxed PSA_RELAXED_SCOPE = psa_relax(capture || underway);
+  /* cudaFree and cuMemFree wait for the device; then the bytes are free for every stream.
+   * While a capture is underway that wait would break it: the bytes wait until none is. */
+  if (sync && !underway && PS_CU(ps_driver.cuCtxSynchronize()))
     return CUDA_ERROR_UNKNOWN;
   pthread_mutex_lock(&d->lock);
   struct alloc_entry *e = psa_map_find(d, p);
@@ -138,16 +147,22 @@ CUresult psa_free(CUdeviceptr p, CUstream stream, bool sync)
     ps_log(PS_LOG_WARN, "free of %#" PRIx64 ": not a live allocation (freed twice, or inside one)", (uint64_t)p);
     return CUDA_ERROR_INVALID_VALUE;
   }
+  /* An event recorded in a capture could never be queried: a free there, or of memory a
+   * graph names, leaves the bytes to the graph instead. */
+  uint64_t hold = e->graph ? e->graph : capture ? capture : sync && underway ? PSA_AFTER_CAPTURE : 0;
   CUevent ev = NULL;
-  if (!sync && (ev = psa_event_get(d)) && PS_CU(ps_driver.cuEventRecord(ev, stream))) {
+  if (!sync && !hold && (ev = psa_event_get(d)) && PS_CU(ps_driver.cuEventRecord(ev, stream))) {
     psa_event_put(d, ev);
     ev = NULL;
-    PS_CU(ps_driver.cuCtxSynchronize()); /* no event: make the free safe the slow way */
+    if (psa_capture_underway())
+      hold = PSA_AFTER_CAPTURE;
+    else
+      PS_CU(ps_driver.cuCtxSynchronize()); /* no event: make the free safe the slow way */
   }
   struct span *s = e->span;
   uint64_t size = e->size, off = p - (d->base + s->first_chunk * d->chunk_size);
   psa_map_remove(e);
-  psa_span_release(d, s, off, size, stream, ev);
+  psa_span_release(d, s, off, size, stream, ev, hold);
   s->live_bytes -= size;
   s->live_allocs--;
   for (uint64_t i = s->first_chunk; !s->live_allocs && i < s->first_chunk + s->nchunks; i++)

@@ -57,6 +57,11 @@ CUresult psa_chunk_migrate(int ordinal, uint64_t chunk, enum psa_where to);
 struct pst_trace_header;
 void psa_on_first_device(void (*ready)(const struct pst_trace_header *h, void *user), void *user);
 
+/* A stream began (or ended) capturing a CUDA graph: the shim's capture doors say so, on
+ * success, so that no call of psshim's breaks a capture (allocator/capture.c). */
+void psa_capture_begun(void);
+void psa_capture_ended(void);
+
 /* The pager's view of an observed launch or transfer: brackets the chunks it touches
  * (enter/exit) so no migration races it, and with PSSHIM_POLICY=auto decides what to
  * move. period: the training iteration's length in moments once known and trusted, else

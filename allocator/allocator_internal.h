@@ -37,6 +37,7 @@ struct range {
   bool pending;
   CUstream stream;
   CUevent event;
+  uint64_t graph; /* held for a captured graph (capture.c): its capture, or PSA_AFTER_CAPTURE */
 };
 
 struct span {
@@ -85,6 +86,7 @@ struct alloc_entry {
   CUdeviceptr ptr; /* 0 empty, 1 tombstone */
   uint64_t size;
   struct span *span;
+  uint64_t graph; /* the capture it was made in (capture.c), 0 outside any */
 };
 
 struct device {
@@ -180,8 +182,9 @@ uint64_t psa_span_take(struct device *d, struct span *s, uint32_t i, uint64_t si
  * it into the unreserved chunks after it, when that takes fewer new chunks than a span of
  * their own; NULL if it cannot. */
 struct span *psa_span_extend(struct device *d, uint64_t size, CUstream stream, uint64_t *off);
+/* graph: the bytes stay held for a captured graph (see capture.c), 0 when they do not. */
 void psa_span_release(struct device *d, struct span *s, uint64_t off, uint64_t size, CUstream stream,
-                      CUevent ev);
+                      CUevent ev, uint64_t graph);
 bool psa_span_idle(struct device *d, struct span *s);
 /* A host frame for a page-out: an idle span's first, then a free or new one. The pager's
  * page-outs of the iteration's own allocations leave spans idle in host frames once freed,
@@ -231,6 +234,27 @@ uint32_t psa_frame_for(struct device *d, uint64_t period, uint64_t need);
 bool psa_copy_done(struct device *d, uint64_t chunk, bool sync);
 /* Frees what completed copies held: marks, and frames moved away from. */
 void psa_moves_poll(struct device *d);
+
+/* capture.c: graph capture */
+#define PSA_CAPTURE_UNKNOWN (UINT64_MAX - 1) /* capturing, id not known: nothing reuses its bytes */
+#define PSA_AFTER_CAPTURE UINT64_MAX         /* a free that waits for the device once no capture is underway */
+bool psa_capture_underway(void); /* a capture begun through the doors has not ended */
+/* The capture that work queued on `stream` joins: its id, 0 when none. */
+uint64_t psa_stream_capture(CUstream stream);
+/* The calling thread's capture mode made RELAXED while `capture`, put back by psa_unrelax:
+ * declare `struct psa_relaxed r PSA_RELAXED_SCOPE = psa_relax(...)` and it is put back at
+ * the end of the scope, whatever the return. */
+struct psa_relaxed {
+  CUstreamCaptureMode mode;
+  bool on;
+};
+struct psa_relaxed psa_relax(bool capture);
+void psa_unrelax(struct psa_relaxed *r);
+#define PSA_RELAXED_SCOPE __attribute__((cleanup(psa_unrelax)))
+/* The capture of the allocation the calling thread places now (0: none), for the rule below. */
+void psa_placing_capture(uint64_t capture);
+/* Whether an allocation on `stream` may take free range r now. */
+bool psa_range_usable(const struct range *r, CUstream stream);
 
 /* alloc_map.c */
 bool psa_map_put(struct device *d, CUdeviceptr p, uint64_t size, struct span *s);

@@ -107,6 +107,7 @@ static void *pool_main(void *arg)
   struct device *d = arg;
   if (PS_CU(ps_driver.cuCtxSetCurrent(d->ctx)))
     return NULL;
+  psa_relax(true); /* for good: making frames must not break another thread's capture */
   pthread_mutex_lock(&d->lock);
   while (d->pool_running) {
     bool wanted = d->gpu_frames_held * 4 >= d->gpu_frame_limit * 3 && count_free(d, PSA_HOST) < d->pool_target &&

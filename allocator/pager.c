@@ -781,6 +781,7 @@ static void poll_and_plan(struct device *d, const struct ps_moment *l, uint64_t 
 
 void psa_on_moment(const struct ps_moment *l, bool enter, uint64_t period)
 {
+  struct psa_relaxed relaxed PSA_RELAXED_SCOPE = psa_relax(psa_capture_underway());
   if (enter) {
     bool capture = l->nptrs && capturing(l->stream);
     tls_unbracketed = l->opaque || capture;

@@ -73,7 +73,7 @@ void psa_span_relist(struct device *d, struct span *s)
 
 static bool mergeable(const struct range *a, const struct range *b)
 {
-  if (a->off + a->len != b->off || a->pending != b->pending)
+  if (a->off + a->len != b->off || a->pending != b->pending || a->graph != b->graph)
     return false;
   return !a->pending || a->stream == b->stream;
 }
@@ -118,16 +118,21 @@ static uint32_t normalize(struct device *d, struct span *s, uint32_t i, bool i_i
 static uint32_t settle(struct device *d, struct span *s, uint32_t i)
 {
   struct range *r = &s->ranges[i];
-  if (!r->pending)
-    return i;
-  CUresult q = ps_driver.cuEventQuery(r->event);
+  if (!r->pending || (r->graph && r->graph != PSA_AFTER_CAPTURE))
+    return i; /* a graph's bytes stay its own */
+  CUresult q = r->graph ? CUDA_ERROR_INVALID_HANDLE : ps_driver.cuEventQuery(r->event);
   if (q == CUDA_ERROR_NOT_READY)
     return i;
   if (q != CUDA_SUCCESS) {
-    /* A broken event cannot prove the stream passed the free: wait for the whole device. */
-    PS_CU(q);
+    /* A broken event (or none) cannot prove the stream passed the free: wait for the whole
+     * device, once no capture is underway (the wait would break it). */
+    if (!r->graph)
+      PS_CU(q);
+    if (psa_capture_underway())
+      return i;
     PS_CU(ps_driver.cuCtxSynchronize());
   }
+  r->graph = 0;
   psa_event_put(d, r->event);
   r->event = NULL;
   r->pending = false;
@@ -151,10 +156,10 @@ int64_t psa_span_best(struct device *d, struct span *s, uint64_t size, CUstream 
 {
   int64_t best = -1;
   for (uint32_t i = 0; i < s->nranges; i++) {
-    if (s->ranges[i].pending && s->ranges[i].stream != stream)
+    if (!psa_range_usable(&s->ranges[i], stream))
       i = settle(d, s, i);
     const struct range *r = &s->ranges[i];
-    if (r->len < size || (r->pending && r->stream != stream))
+    if (r->len < size || !psa_range_usable(r, stream))
       continue;
     if (best < 0 || r->len < s->ranges[best].len)
       best = i;
@@ -177,7 +182,8 @@ uint64_t psa_span_take(struct device *d, struct span *s, uint32_t i, uint64_t si
   return off;
 }
 
-void psa_span_release(struct device *d, struct span *s, uint64_t off, uint64_t size, CUstream stream, CUevent ev)
+void psa_span_release(struct device *d, struct span *s, uint64_t off, uint64_t size, CUstream stream, CUevent ev,
+                      uint64_t graph)
 {
   if (!grow(s)) {
     /* Out of host memory for the range table: keep the bytes unusable rather than risk
@@ -195,7 +201,8 @@ void psa_span_release(struct device *d, struct span *s, uint64_t off, uint64_t s
       hi = mid;
   }
   memmove(&s->ranges[lo + 1], &s->ranges[lo], (s->nranges - lo) * sizeof *s->ranges);
-  s->ranges[lo] = (struct range){.off = off, .len = size, .pending = ev != NULL, .stream = stream, .event = ev};
+  s->ranges[lo] = (struct range){
+      .off = off, .len = size, .pending = ev || graph, .stream = stream, .event = ev, .graph = graph};
   s->nranges++;
   normalize(d, s, lo, true);
 }
@@ -401,7 +408,7 @@ struct span *psa_span_extend(struct device *d, uint64_t size, CUstream stream, u
   uint32_t i = settle(d, s, s->nranges - 1);
   struct range tail = s->ranges[i];
   uint64_t next = s->first_chunk + s->nchunks, more = tail.len < size ? (size - tail.len + c - 1) / c : own;
-  if (tail.off + tail.len != s->nchunks * c || (tail.pending && tail.stream != stream) || more >= own ||
+  if (tail.off + tail.len != s->nchunks * c || !psa_range_usable(&tail, stream) || more >= own ||
       !psa_chunks_free(d, next, more))
     return NULL;
   /* The tail leaves the span while frames are taken (the lock may drop), so no other
@@ -409,14 +416,14 @@ struct span *psa_span_extend(struct device *d, uint64_t size, CUstream stream, u
    * not look idle to the reclaim that taking frames runs. */
   remove_at(s, i);
   if (!add_chunks(d, s, next, more)) {
-    psa_span_release(d, s, tail.off, tail.len, tail.stream, tail.event);
+    psa_span_release(d, s, tail.off, tail.len, tail.stream, tail.event, tail.graph);
     return NULL;
   }
   psa_event_put(d, tail.event); /* pending on this stream: its later work runs after the free */
   s->nchunks += more;
   uint64_t end = s->nchunks * c;
   if (tail.off + size < end)
-    psa_span_release(d, s, tail.off + size, end - (tail.off + size), stream, NULL);
+    psa_span_release(d, s, tail.off + size, end - (tail.off + size), stream, NULL, 0);
   psa_span_relist(d, s);
   *off = tail.off;
   return s;

@@ -78,7 +78,10 @@ void ps_log_write(int level, const char *fmt, ...) __attribute__((format(printf,
   X(cuKernelGetParamInfo, CUresult, (CUkernel, size_t, size_t *, size_t *))           \
   X(cuMemAllocAsync_ptsz, CUresult, (CUdeviceptr *, size_t, CUstream))                \
   X(cuMemFreeAsync_ptsz, CUresult, (CUdeviceptr, CUstream))                           \
-  X(cuMemAllocFromPoolAsync_ptsz, CUresult, (CUdeviceptr *, size_t, CUmemoryPool, CUstream))
+  X(cuMemAllocFromPoolAsync_ptsz, CUresult, (CUdeviceptr *, size_t, CUmemoryPool, CUstream)) \
+  X(cuThreadExchangeStreamCaptureMode, CUresult, (CUstreamCaptureMode *))             \
+  X(cuStreamGetCaptureInfo_v3, CUresult, (CUstream, CUstreamCaptureStatus *, cuuint64_t *, CUgraph *, \
+                                          const CUgraphNode **, const CUgraphEdgeData **, size_t *))
 
 struct ps_driver {
 #define PS_DRIVER_FIELD(name, ret, args) ret (*name) args;

@@ -23,6 +23,10 @@ CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuin
 cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t hStream);
 cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t hStream);
 cudaError_t cudaMallocFromPoolAsync_ptsz(void **ptr, size_t size, cudaMemPool_t memPool, cudaStream_t stream);
+cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream, enum cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t stream, cudaGraph_t *pGraph);
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode);
+CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph);
 
 struct door {
   const char *name;
@@ -40,6 +44,10 @@ static const struct door doors[] = {
     {"cuMemFreeAsync_ptsz", (void *)cuMemFreeAsync_ptsz, true},
     {"cuMemAllocFromPoolAsync_ptsz", (void *)cuMemAllocFromPoolAsync_ptsz, true},
     {"cuMemGetInfo_v2", (void *)cuMemGetInfo_v2, true},
+    {"cuStreamBeginCapture_v2", (void *)cuStreamBeginCapture_v2, true},
+    {"cuStreamBeginCapture_v2_ptsz", (void *)cuStreamBeginCapture_v2_ptsz, true},
+    {"cuStreamEndCapture", (void *)cuStreamEndCapture, true},
+    {"cuStreamEndCapture_ptsz", (void *)cuStreamEndCapture_ptsz, true},
     {"cuGetProcAddress", (void *)cuGetProcAddress, true},
     {"cuGetProcAddress_v2", (void *)cuGetProcAddress_v2, true},
     {"cudaMalloc", (void *)cudaMalloc, false},
@@ -51,6 +59,10 @@ static const struct door doors[] = {
     {"cudaFreeAsync_ptsz", (void *)cudaFreeAsync_ptsz, false},
     {"cudaMallocFromPoolAsync_ptsz", (void *)cudaMallocFromPoolAsync_ptsz, false},
     {"cudaMemGetInfo", (void *)cudaMemGetInfo, false},
+    {"cudaStreamBeginCapture", (void *)cudaStreamBeginCapture, false},
+    {"cudaStreamBeginCapture_ptsz", (void *)cudaStreamBeginCapture_ptsz, false},
+    {"cudaStreamEndCapture", (void *)cudaStreamEndCapture, false},
+    {"cudaStreamEndCapture_ptsz", (void *)cudaStreamEndCapture_ptsz, false},
     {"cudaMemPoolGetAttribute", (void *)cudaMemPoolGetAttribute, false},
     {"cudaMemPoolSetAttribute", (void *)cudaMemPoolSetAttribute, false},
     {"ncclGroupStart", (void *)ncclGroupStart, false},
