@@ -1,0 +1,43 @@
+"""What each compatibility program reports: one line, COMPAT {json}, last.
+
+losses: one number per step (float, exact repr so runs compare bitwise); step_ms: the
+median step time after the first (warm-up) steps; peak_reserved: torch's
+max_memory_reserved, the peak the budget is set from."""
+import json
+import statistics
+import time
+
+import torch
+
+
+def seed(n=0):
+    torch.manual_seed(n)
+    torch.cuda.manual_seed_all(n)
+
+
+class Steps:
+    """Times steps with CUDA synchronization, collects their losses."""
+
+    def __init__(self):
+        self.losses, self.times = [], []
+
+    def __enter__(self):
+        torch.cuda.synchronize()
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        torch.cuda.synchronize()
+        self.times.append(time.perf_counter() - self.t0)
+
+    def loss(self, value):
+        self.losses.append(float(value))
+
+
+def report(steps, **extra):
+    warm = steps.times[len(steps.times) // 4:] or steps.times
+    out = {"losses": [repr(x) for x in steps.losses],
+           "step_ms": 1e3 * statistics.median(warm) if warm else 0.0,
+           "peak_reserved": torch.cuda.max_memory_reserved()}
+    out.update(extra)
+    print("COMPAT " + json.dumps(out), flush=True)
