@@ -250,7 +250,7 @@ struct psa_relaxed {
 };
 struct psa_relaxed psa_relax(bool capture);
 void psa_unrelax(struct psa_relaxed *r);
-#define PSA_RELAXED_SCOPE __attribute__((cleanup(psa_unrelax)))
+#define PSA_RELAXED_SCOPE __attribute__((cleanup(psa_unrelax), unused))
 /* The capture of the allocation the calling thread places now (0: none), for the rule below. */
 void psa_placing_capture(uint64_t capture);
 /* Whether an allocation on `stream` may take free range r now. */
