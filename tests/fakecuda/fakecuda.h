@@ -9,7 +9,11 @@
  * frame (cuMemCreate) is a memfd; cuMemMap maps it MAP_FIXED|MAP_SHARED but keeps it
  * PROT_NONE until cuMemSetAccess; cuMemUnmap turns the range back to anonymous
  * PROT_NONE. So any touch of an unmapped chunk — by the host or by a "kernel" — dies
- * by SIGSEGV, as a GPU fault kills a real job. Each stream is a worker thread running
+ * by SIGSEGV, as a GPU fault kills a real job. Work on a stream of device d reaches mapped
+ * memory through d's own view of the reservation (kernel parameters are translated when
+ * the kernel runs), opened by d's access descriptor only; the addresses themselves open
+ * only to a host descriptor on a host frame: the host faults on device frames. Remapping
+ * a range that queued work will touch aborts the process with a line naming the work. Each stream is a worker thread running
  * its operations in order; the legacy NULL stream synchronises with the blocking
  * streams as CUDA's does.
  *
@@ -82,6 +86,11 @@ FAKECUDA_API void fakecuda_stream_set_capturing(CUstream stream, bool on);
 /* Whether a call broke those rules since the stream began capturing (CUDA would have
  * invalidated the capture, and the program's graph with it). */
 FAKECUDA_API bool fakecuda_stream_capture_broken(CUstream stream);
+
+/* Where work on stream s reaches device address p: reserved addresses through the view of
+ * s's device (the host faults on device frames), anything else as it is; NULL when s is
+ * not a stream. For stand-ins of libraries whose kernels run on a stream (fake NCCL). */
+FAKECUDA_API void *fakecuda_stream_view(CUstream s, CUdeviceptr p);
 
 /* Changes the FAKECUDA_*_DELAY_US values at run time (for tests that need several). */
 FAKECUDA_API void fakecuda_set_delays(unsigned copy_us, unsigned event_us, unsigned kernel_us);

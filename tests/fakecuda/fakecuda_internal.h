@@ -150,6 +150,10 @@ enum fc_op_kind {
   FC_OP_WAIT_STREAM, FC_OP_FREE, FC_OP_EXIT
 };
 struct CUfunc_st;
+struct fc_hit { /* a parameter word that holds a reserved address (launch.c) */
+  size_t off;     /* in the parameter buffer */
+  CUdeviceptr va; /* as launched: the buffer's copy is translated when the kernel runs */
+};
 struct fc_op {
   struct fc_op *next;
   enum fc_op_kind kind;
@@ -157,7 +161,13 @@ struct fc_op {
   union {
     struct { void *dst; const void *src; size_t n; } copy;
     struct { void *dst; uint32_t value; unsigned elem; size_t count; } memset;
-    struct { struct CUfunc_st *f; void **args; } kernel; /* args and buffer follow the op */
+    struct { /* args, the buffer and the hits follow the op */
+      struct CUfunc_st *f;
+      void **args;
+      unsigned char *buf;
+      struct fc_hit *hits;
+      size_t nhits;
+    } kernel;
     struct { struct fc_signal *sig; } signal;           /* RECORD and WAIT_SIGNAL */
     struct { struct CUstream_st *s; uint64_t seq; } wait; /* holds a ref on s */
     struct { CUdeviceptr ptr; } free;
@@ -195,6 +205,10 @@ void fc_op_discard(struct fc_op *op);
 CUresult fc_stream_query(struct CUstream_st *s);
 /* Queues op on s and, when sync, waits until it has run. */
 CUresult fc_submit(struct CUstream_st *s, struct fc_op *op, bool sync);
+/* Aborts the process, naming the work, when an operation queued (or running) on any
+ * stream will touch [p, p+n): `what` (cuMemUnmap, cuMemMap) must not change that range's
+ * frame under it. Kernels touch the reserved addresses their parameters hold. */
+void fc_check_unqueued(CUdeviceptr p, size_t n, const char *what);
 
 /* ---- stream capture (capture.c) ---- */
 struct fc_capture;
@@ -224,6 +238,9 @@ bool fc_alloc_lookup(CUdeviceptr p, struct fc_ptr_info *info);
 /* The mapping containing p (mapped = true) or, if none, its reservation (mapped = false). */
 bool fc_vmm_lookup(CUdeviceptr p, struct fc_ptr_info *info);
 bool fc_vmm_reserved(CUdeviceptr p, size_t n); /* [p, p+n) inside one reservation */
+/* Where work of device dev reaches address p: inside a reservation, that device's view of
+ * it; elsewhere (host memory, cuMemAlloc allocations) p itself. */
+void *fc_device_view(int dev, CUdeviceptr p);
 
 /* ---- kernels (launch.c) ---- */
 struct CUfunc_st {
@@ -234,6 +251,6 @@ struct CUfunc_st {
   size_t *sizes, *offsets;
   size_t bufsize;
 };
-void fc_run_kernel(struct fc_op *op);
+void fc_run_kernel(struct fc_op *op, int dev);
 
 #endif

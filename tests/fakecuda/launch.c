@@ -58,9 +58,35 @@ FC_EXPORT CUfunction fakecuda_register_kernel_layout(const char *name, fakecuda_
   return register_kernel(name, fn, user, nparams, param_sizes, param_offsets);
 }
 
-void fc_run_kernel(struct fc_op *op) {
+/* The kernel runs on device dev: the reserved addresses its parameters hold become that
+ * device's view of them (the hits keep the launched values, read by fc_check_unqueued). */
+void fc_run_kernel(struct fc_op *op, int dev) {
   struct CUfunc_st *f = op->u.kernel.f;
+  for (size_t i = 0; i < op->u.kernel.nhits; i++) {
+    void *v = fc_device_view(dev, op->u.kernel.hits[i].va);
+    memcpy(op->u.kernel.buf + op->u.kernel.hits[i].off, &v, sizeof v);
+  }
   f->fn(op->u.kernel.args, f->user);
+}
+
+/* Every 4-byte-aligned 8-byte word inside a parameter that holds a reserved address (a
+ * pointer in a struct parameter may sit at any 4-byte offset). Returns how many. */
+static size_t find_hits(const struct CUfunc_st *f, const unsigned char *buf, struct fc_hit *hits) {
+  size_t n = 0;
+  for (size_t i = 0; i < f->nparams; i++) {
+    size_t end = f->offsets[i] + f->sizes[i];
+    for (size_t off = (f->offsets[i] + 3) & ~(size_t)3; off + 8 <= end;) {
+      CUdeviceptr v;
+      memcpy(&v, buf + off, sizeof v);
+      if (v && fc_vmm_reserved(v, 1)) {
+        hits[n++] = (struct fc_hit){off, v};
+        off += 8;
+      } else {
+        off += 4;
+      }
+    }
+  }
+  return n;
 }
 
 static CUresult check_func(CUfunction f) {
@@ -141,9 +167,11 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
     return CUDA_ERROR_INVALID_VALUE;
   r = fc_stream_resolve(h, per_thread, &s);
   if (r != CUDA_SUCCESS) return r;
-  /* One allocation: the op, then args[], then the 16-aligned parameter buffer. */
+  /* One allocation: the op, then args[], then the 16-aligned parameter buffer, then room
+   * for a hit per 4 bytes of it. */
   size_t head = (sizeof(struct fc_op) + f->nparams * sizeof(void *) + 15) & ~(size_t)15;
-  struct fc_op *op = fc_op_new(FC_OP_KERNEL, head - sizeof(struct fc_op) + f->bufsize);
+  size_t hits_at = (head + f->bufsize + 15) & ~(size_t)15;
+  struct fc_op *op = fc_op_new(FC_OP_KERNEL, hits_at - sizeof(struct fc_op) + f->bufsize / 4 * sizeof(struct fc_hit));
   if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
   void **args = (void **)(op + 1);
   unsigned char *buf = (unsigned char *)op + head;
@@ -155,6 +183,9 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
   for (size_t i = 0; i < f->nparams; i++) args[i] = buf + f->offsets[i];
   op->u.kernel.f = f;
   op->u.kernel.args = args;
+  op->u.kernel.buf = buf;
+  op->u.kernel.hits = (struct fc_hit *)((unsigned char *)op + hits_at);
+  op->u.kernel.nhits = find_hits(f, buf, op->u.kernel.hits);
   return fc_submit(s, op, false);
 }
 

@@ -13,6 +13,7 @@
  * After fork() the child has none of the parent's worker threads: a child must only
  * use streams it created itself (tests that expect a crash fork first). */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -71,21 +72,24 @@ void fc_stream_wait_seq(struct CUstream_st *s, uint64_t seq) {
   pthread_mutex_unlock(&s->mu);
 }
 
-static void run_op(struct fc_op *op) {
+#define VA(p) ((CUdeviceptr)(uintptr_t)(p))
+
+/* Runs op on a stream of device dev, which reaches reserved addresses through its view. */
+static void run_op(struct fc_op *op, int dev) {
   switch (op->kind) {
     case FC_OP_NOP:
     case FC_OP_EXIT:
       break;
     case FC_OP_COPY:
       fc_sleep_us(atomic_load(&fc_cfg.copy_delay_us));
-      memmove(op->u.copy.dst, op->u.copy.src, op->u.copy.n);
+      memmove(fc_device_view(dev, VA(op->u.copy.dst)), fc_device_view(dev, VA(op->u.copy.src)), op->u.copy.n);
       break;
     case FC_OP_MEMSET:
       fc_sleep_us(atomic_load(&fc_cfg.copy_delay_us));
       if (op->u.memset.elem == 1) {
-        memset(op->u.memset.dst, (int)op->u.memset.value, op->u.memset.count);
+        memset(fc_device_view(dev, VA(op->u.memset.dst)), (int)op->u.memset.value, op->u.memset.count);
       } else {
-        unsigned char *d = op->u.memset.dst;
+        unsigned char *d = fc_device_view(dev, VA(op->u.memset.dst));
         unsigned elem = op->u.memset.elem;
         uint16_t v16 = (uint16_t)op->u.memset.value;
         const void *v = elem == 2 ? (const void *)&v16 : (const void *)&op->u.memset.value;
@@ -94,7 +98,7 @@ static void run_op(struct fc_op *op) {
       break;
     case FC_OP_KERNEL:
       fc_sleep_us(atomic_load(&fc_cfg.kernel_delay_us));
-      fc_run_kernel(op);
+      fc_run_kernel(op, dev);
       break;
     case FC_OP_RECORD:
       /* The delay holds the stream too: after a stream synchronize every event
@@ -136,7 +140,7 @@ static void *worker(void *arg) {
     while (!s->head) pthread_cond_wait(&s->work_cv, &s->mu);
     op = s->head;
     pthread_mutex_unlock(&s->mu);
-    run_op(op); /* the op stays at the head while it runs: it is not complete yet */
+    run_op(op, s->ctx->dev); /* the op stays at the head while it runs: it is not complete yet */
     pthread_mutex_lock(&s->mu);
     s->head = op->next;
     if (!s->head) s->tail = NULL;
@@ -314,6 +318,47 @@ CUresult fc_submit(struct CUstream_st *s, struct fc_op *op, bool sync) {
   return r;
 }
 
+static bool overlaps(CUdeviceptr a, size_t an, CUdeviceptr b, size_t bn) { return a < b + bn && b < a + an; }
+
+/* Whether op will touch [p, p+n), and what it is (for the message). */
+static const char *touching(const struct fc_op *op, CUdeviceptr p, size_t n) {
+  switch (op->kind) {
+    case FC_OP_COPY:
+      return overlaps(VA(op->u.copy.dst), op->u.copy.n, p, n) || overlaps(VA(op->u.copy.src), op->u.copy.n, p, n)
+                 ? "a copy"
+                 : NULL;
+    case FC_OP_MEMSET:
+      return overlaps(VA(op->u.memset.dst), op->u.memset.count * op->u.memset.elem, p, n) ? "a memset" : NULL;
+    case FC_OP_KERNEL:
+      for (size_t i = 0; i < op->u.kernel.nhits; i++)
+        if (overlaps(op->u.kernel.hits[i].va, 1, p, n)) return op->u.kernel.f->name;
+      return NULL;
+    default:
+      return NULL;
+  }
+}
+
+void fc_check_unqueued(CUdeviceptr p, size_t n, const char *what) {
+  for (int d = 0; d < fc_cfg.device_count; d++) {
+    struct CUctx_st *c = &fc_ctx[d];
+    pthread_mutex_lock(&c->mu);
+    for (struct CUstream_st *t = c->streams; t; t = t->next) {
+      pthread_mutex_lock(&t->mu);
+      for (const struct fc_op *op = t->head; op; op = op->next) {
+        const char *work = touching(op, p, n);
+        if (!work) continue;
+        /* No unlock: the process ends here, as a GPU fault would end it. */
+        fprintf(stderr, "fakecuda: %s of [%#llx, +%zu) while %s%s queued on a stream of device %d will touch it; "
+                "CUDA would run it against whatever is mapped there then\n", what, (unsigned long long)p, n,
+                op->kind == FC_OP_KERNEL ? "kernel " : "", work, d);
+        abort();
+      }
+      pthread_mutex_unlock(&t->mu);
+    }
+    pthread_mutex_unlock(&c->mu);
+  }
+}
+
 CUresult fc_stream_sync(struct CUstream_st *s) {
   if (s->kind == FC_STREAM_LEGACY) {
     /* A no-op on the legacy stream completes only after the blocking streams' work. */
@@ -460,6 +505,11 @@ FC_EXPORT void fakecuda_stream_set_capturing(CUstream h, bool on) {
   if (fc_stream_resolve(h, false, &s) != CUDA_SUCCESS) return;
   if (on && !atomic_load(&s->capturing)) atomic_store(&s->capture_broken, false);
   atomic_store(&s->capturing, on);
+}
+
+FC_EXPORT void *fakecuda_stream_view(CUstream h, CUdeviceptr p) {
+  struct CUstream_st *s;
+  return fc_stream_resolve(h, false, &s) == CUDA_SUCCESS ? fc_device_view(s->ctx->dev, p) : NULL;
 }
 
 FC_EXPORT bool fakecuda_stream_capture_broken(CUstream h) {

@@ -72,4 +72,18 @@ static inline void allow_rw(CUdeviceptr p, size_t size) {
   CU_OK(cuMemSetAccess(p, size, &d, 1));
 }
 
+/* A host frame, and host access (with flags) to a mapped range of host frames: what host
+ * code needs to dereference it. */
+static inline CUmemGenericAllocationHandle make_host_frame(size_t size) {
+  CUmemGenericAllocationHandle h;
+  CUmemAllocationProp p = frame_prop(CU_MEM_LOCATION_TYPE_HOST_NUMA, 0);
+  CU_OK(cuMemCreate(&h, size, &p, 0));
+  return h;
+}
+
+static inline void allow_host(CUdeviceptr p, size_t size, CUmemAccess_flags flags) {
+  CUmemAccessDesc d = {{CU_MEM_LOCATION_TYPE_HOST_NUMA, 0}, flags};
+  CU_OK(cuMemSetAccess(p, size, &d, 1));
+}
+
 #endif

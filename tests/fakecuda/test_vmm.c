@@ -1,6 +1,7 @@
 /* VMM on the fake driver: unmapped chunks fault, data lives in frames across remaps,
- * capacity and cuMemGetInfo follow frames and allocations. Capacities are set in main
- * (before cuInit): device 64 MiB, host frames 8 MiB. */
+ * capacity and cuMemGetInfo follow frames and allocations. The host touches only host
+ * frames it was given access to (test_strict: device frames, per-device access). Capacities
+ * are set in main (before cuInit): device 64 MiB, host frames 8 MiB. */
 #include <string.h>
 #include <sys/socket.h>
 
@@ -9,7 +10,7 @@
 static void touch(void *p) { *(volatile char *)p = 1; }
 
 /* (a) reserved-but-unmapped faults; mapped without access faults; mapped with access
- * works; unmapped again faults. */
+ * works; unmapped again faults (touched by the host, so a host frame). */
 static void test_unmapped_touch_faults(void **state) {
   (void)state;
   CUdeviceptr va;
@@ -19,11 +20,13 @@ static void test_unmapped_touch_faults(void **state) {
 
   assert_killed_by_segv(run_in_child(touch, p));
 
-  CUmemGenericAllocationHandle h = make_frame(GRAN);
+  CUmemGenericAllocationHandle h = make_host_frame(GRAN);
   CU_OK(cuMemMap(va + GRAN, GRAN, 0, h, 0));
   assert_killed_by_segv(run_in_child(touch, p)); /* no access set yet, as on CUDA */
-
   allow_rw(va + GRAN, GRAN);
+  assert_killed_by_segv(run_in_child(touch, p)); /* the device's access is not the host's */
+
+  allow_host(va + GRAN, GRAN, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
   assert_exited_ok(run_in_child(touch, p));
   assert_exited_ok(run_in_child(touch, p + GRAN - 1));
   p[7] = 42;
@@ -47,17 +50,15 @@ static void test_access_flags(void **state) {
   (void)state;
   CUdeviceptr va;
   CU_OK(cuMemAddressReserve(&va, GRAN, 0, 0, 0));
-  CUmemGenericAllocationHandle h = make_frame(GRAN);
+  CUmemGenericAllocationHandle h = make_host_frame(GRAN);
   CU_OK(cuMemMap(va, GRAN, 0, h, 0));
-  allow_rw(va, GRAN);
+  allow_host(va, GRAN, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
   char *p = (char *)(uintptr_t)va;
   p[0] = 42;
-  CUmemAccessDesc ro = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READ};
-  CU_OK(cuMemSetAccess(va, GRAN, &ro, 1));
+  allow_host(va, GRAN, CU_MEM_ACCESS_FLAGS_PROT_READ);
   assert_exited_ok(run_in_child(read_byte, p));
   assert_killed_by_segv(run_in_child(touch, p));
-  CUmemAccessDesc none = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_NONE};
-  CU_OK(cuMemSetAccess(va, GRAN, &none, 1));
+  allow_host(va, GRAN, CU_MEM_ACCESS_FLAGS_PROT_NONE);
   assert_killed_by_segv(run_in_child(read_byte, p));
   CUmemAccessDesc bad = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, (CUmemAccess_flags)2};
   assert_int_equal(cuMemSetAccess(va, GRAN, &bad, 1), CUDA_ERROR_INVALID_VALUE);
@@ -96,22 +97,22 @@ static void test_data_survives_remap(void **state) {
   CUdeviceptr a, b;
   CU_OK(cuMemAddressReserve(&a, 2 * GRAN, 0, 0, 0));
   CU_OK(cuMemAddressReserve(&b, 4 * GRAN, 0, 0, 0));
-  CUmemGenericAllocationHandle h = make_frame(2 * GRAN);
+  CUmemGenericAllocationHandle h = make_host_frame(2 * GRAN);
 
   CU_OK(cuMemMap(a, 2 * GRAN, 0, h, 0));
-  allow_rw(a, 2 * GRAN);
+  allow_host(a, 2 * GRAN, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
   uint32_t *pa = (uint32_t *)(uintptr_t)a;
   for (size_t i = 0; i < 2 * GRAN / 4; i += 1024) pa[i] = (uint32_t)(i * 2654435761u);
   CU_OK(cuMemUnmap(a, 2 * GRAN));
 
   CU_OK(cuMemMap(b + 2 * GRAN, 2 * GRAN, 0, h, 0));
-  allow_rw(b + 2 * GRAN, 2 * GRAN);
+  allow_host(b + 2 * GRAN, 2 * GRAN, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
   uint32_t *pb = (uint32_t *)(uintptr_t)(b + 2 * GRAN);
   for (size_t i = 0; i < 2 * GRAN / 4; i += 1024) assert_int_equal(pb[i], (uint32_t)(i * 2654435761u));
 
   /* The second half of the frame mapped alone at a as well: both views see one memory. */
   CU_OK(cuMemMap(a, GRAN, GRAN, h, 0));
-  allow_rw(a, GRAN);
+  allow_host(a, GRAN, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
   pb[GRAN / 4 + 5] = 0xdeadbeef;
   assert_int_equal(((uint32_t *)(uintptr_t)a)[5], 0xdeadbeef);
 
@@ -310,7 +311,7 @@ static void import_and_write(void *arg) {
     _exit(2);
   close(fd); /* the imported handle keeps the memory */
   size_t charged = fakecuda_used_bytes(-1);
-  CUmemAccessDesc rw = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  CUmemAccessDesc rw = {{CU_MEM_LOCATION_TYPE_HOST_NUMA, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
   if (cuMemAddressReserve(&va, GRAN, 0, 0, 0) || cuMemMap(va, GRAN, 0, h, 0) || cuMemSetAccess(va, GRAN, &rw, 1))
     _exit(3);
   char *p = (char *)(uintptr_t)va;
@@ -336,7 +337,7 @@ static void test_export_import(void **state) {
   CUdeviceptr va;
   CU_OK(cuMemAddressReserve(&va, GRAN, 0, 0, 0));
   CU_OK(cuMemMap(va, GRAN, 0, h, 0));
-  allow_rw(va, GRAN);
+  allow_host(va, GRAN, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
   char *mine = (char *)(uintptr_t)va;
   mine[5] = 42;
   int sv[2];

@@ -1,10 +1,21 @@
 /* The virtual memory management API on host memory:
- *   reservation  = anonymous mmap(PROT_NONE), aligned as asked;
+ *   reservation  = anonymous mmap(PROT_NONE), aligned as asked, plus one more of the same
+ *                  size per device: that device's view (see below);
  *   frame        = memfd of the frame's size, charged to its device or to the host budget;
- *   cuMemMap     = mmap(MAP_FIXED|MAP_SHARED) of the memfd, still PROT_NONE (as on CUDA,
- *                  a mapping is inaccessible until cuMemSetAccess);
- *   cuMemSetAccess = mprotect;
+ *   cuMemMap     = mmap(MAP_FIXED|MAP_SHARED) of the memfd at the address and at the same
+ *                  offset in every device's view, all still PROT_NONE (as on CUDA, a
+ *                  mapping is inaccessible until cuMemSetAccess);
+ *   cuMemSetAccess = mprotect of each named location's view: a device's descriptor opens
+ *                  that device's view, a host descriptor (host frames only) the address
+ *                  itself, which is what host code dereferences;
  *   cuMemUnmap   = back to anonymous PROT_NONE, so a touch of an unmapped chunk faults.
+ * Work on a stream of device d (kernels, copies, memsets) reaches reserved addresses
+ * through device d's view (fc_device_view: kernel parameters are translated when the
+ * kernel runs). So the host faults on a device frame, and a device faults where its own
+ * descriptor gave it no access, whatever other locations were given, as on CUDA.
+ * Remapping (unmap or map) a range that queued work will touch aborts the process with
+ * a line naming the work (fc_check_unqueued): CUDA would let that work run against
+ * whatever is mapped there when it runs.
  * Data lives in the memfd, so it survives unmap and remap at another address, and a
  * frame can be mapped at two addresses at once (psshim's staging mapping).
  * A frame is freed (and uncharged) when its handle is released and its last mapping
@@ -37,12 +48,14 @@ struct fc_piece { /* one cuMemMap */
   CUdeviceptr va;
   size_t size;
   struct fc_frame *frame;
-  unsigned long long access; /* CU_MEM_ACCESS_FLAGS_* */
+  unsigned long long access[FC_MAX_DEVICES]; /* CU_MEM_ACCESS_FLAGS_* per device */
+  unsigned long long host_access;            /* the host's, host frames only */
   struct fc_piece *next;
 };
 struct fc_reservation {
   CUdeviceptr base;
   size_t size;
+  char *view[FC_MAX_DEVICES]; /* each device's view of [base, base+size) */
   struct fc_piece *pieces;
   struct fc_reservation *next;
 };
@@ -62,6 +75,30 @@ static struct fc_reservation *find_reservation(CUdeviceptr p, size_t n) {
   for (struct fc_reservation *r = reservations; r; r = r->next)
     if (p >= r->base && p - r->base < r->size && n <= r->size - (p - r->base)) return r;
   return NULL;
+}
+
+void *fc_device_view(int dev, CUdeviceptr p) {
+  pthread_mutex_lock(&fc_mem_mu);
+  struct fc_reservation *r = find_reservation(p, 1);
+  void *v = r ? r->view[dev] + (p - r->base) : (void *)(uintptr_t)p;
+  pthread_mutex_unlock(&fc_mem_mu);
+  return v;
+}
+
+/* Maps [va, va+size) of reservation r, and the same range of every view, to the memfd at
+ * offset (fd >= 0) or back to anonymous memory (fd < 0), inaccessible. */
+static bool map_all(struct fc_reservation *r, CUdeviceptr va, size_t size, int fd, off_t offset) {
+  int flags = fd >= 0 ? MAP_SHARED | MAP_FIXED : MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED;
+  bool ok = mmap((void *)(uintptr_t)va, size, PROT_NONE, flags, fd, offset) != MAP_FAILED;
+  for (int d = 0; d < fc_cfg.device_count; d++)
+    ok = mmap(r->view[d] + (va - r->base), size, PROT_NONE, flags, fd, offset) != MAP_FAILED && ok;
+  return ok;
+}
+
+static int prot_of(unsigned long long flags) {
+  return flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE
+         : flags == CU_MEM_ACCESS_FLAGS_PROT_READ    ? PROT_READ
+                                                     : PROT_NONE;
 }
 
 bool fc_vmm_reserved(CUdeviceptr p, size_t n) {
@@ -136,6 +173,15 @@ static CUresult address_reserve(CUdeviceptr *ptr, size_t size, size_t alignment,
   res->base = (CUdeviceptr)(uintptr_t)base;
   res->size = size;
   res->pieces = NULL;
+  for (int d = 0; d < fc_cfg.device_count; d++) {
+    res->view[d] = mmap(NULL, size, prot, mflags, -1, 0);
+    if (res->view[d] == MAP_FAILED) {
+      while (d-- > 0) munmap(res->view[d], size);
+      munmap(base, size);
+      free(res);
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+  }
   pthread_mutex_lock(&fc_mem_mu);
   res->next = reservations;
   reservations = res;
@@ -160,6 +206,7 @@ static CUresult address_free(CUdeviceptr ptr, size_t size) {
     if (res->base == ptr && res->size == size && !res->pieces) {
       *pp = res->next;
       munmap((void *)(uintptr_t)res->base, res->size);
+      for (int d = 0; d < fc_cfg.device_count; d++) munmap(res->view[d], res->size);
       free(res);
       r = CUDA_SUCCESS;
       break;
@@ -235,7 +282,8 @@ static CUresult mem_map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGeneri
   CUresult r = fc_check_init();
   if (r != CUDA_SUCCESS) return r;
   if (flags || size == 0 || ptr % G || size % G || offset % G) return CUDA_ERROR_INVALID_VALUE;
-  struct fc_piece *m = malloc(sizeof *m);
+  fc_check_unqueued(ptr, size, "cuMemMap");
+  struct fc_piece *m = calloc(1, sizeof *m);
   if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
   pthread_mutex_lock(&fc_mem_mu);
   struct fc_frame *f = frame_of(h);
@@ -243,11 +291,12 @@ static CUresult mem_map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGeneri
   if (!f || !res || offset > f->size || size > f->size - offset) r = CUDA_ERROR_INVALID_VALUE;
   for (struct fc_piece *p = res && !r ? res->pieces : NULL; p; p = p->next)
     if (ptr < p->va + p->size && p->va < ptr + size) r = CUDA_ERROR_INVALID_VALUE; /* already mapped */
-  if (r == CUDA_SUCCESS &&
-      mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, f->fd, (off_t)offset) == MAP_FAILED)
+  if (r == CUDA_SUCCESS && !map_all(res, ptr, size, f->fd, (off_t)offset)) {
+    if (!map_all(res, ptr, size, -1, 0)) abort(); /* see mem_unmap */
     r = CUDA_ERROR_OUT_OF_MEMORY;
+  }
   if (r == CUDA_SUCCESS) {
-    *m = (struct fc_piece){ptr, size, f, CU_MEM_ACCESS_FLAGS_PROT_NONE, res->pieces};
+    *m = (struct fc_piece){.va = ptr, .size = size, .frame = f, .next = res->pieces};
     res->pieces = m;
     f->refs++;
   }
@@ -266,6 +315,7 @@ static CUresult mem_unmap(CUdeviceptr ptr, size_t size) {
   CUresult r = fc_check_init();
   if (r != CUDA_SUCCESS) return r;
   if (size == 0 || ptr % G || size % G) return CUDA_ERROR_INVALID_VALUE;
+  fc_check_unqueued(ptr, size, "cuMemUnmap");
   pthread_mutex_lock(&fc_mem_mu);
   struct fc_reservation *res = find_reservation(ptr, size);
   int inside = 0;
@@ -278,8 +328,7 @@ static CUresult mem_unmap(CUdeviceptr ptr, size_t size) {
   for (struct fc_piece **pp = r == CUDA_SUCCESS ? &res->pieces : NULL; pp && *pp;) {
     struct fc_piece *p = *pp;
     if (p->va >= ptr && p->va + p->size <= ptr + size) {
-      if (mmap((void *)(uintptr_t)p->va, p->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
-               -1, 0) == MAP_FAILED)
+      if (!map_all(res, p->va, p->size, -1, 0))
         abort(); /* the range would stay readable: a fake that lies is worse than none */
       *pp = p->next;
       frame_unref(p->frame);
@@ -293,11 +342,11 @@ static CUresult mem_unmap(CUdeviceptr ptr, size_t size) {
 }
 FC_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) { FC_TRACED(cuMemUnmap, mem_unmap(ptr, size), ptr, size); }
 
-/* The host and every device share one address space here, so a range's protection
- * is the most permissive of the descriptors. The range must be entirely mapped. */
+/* Each descriptor sets its own location's access and leaves the others' alone. A host
+ * descriptor is for host frames only: the host cannot reach a device frame. The range must
+ * be entirely mapped. */
 static CUresult set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
   int dev;
-  unsigned long long flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
   CUresult r = fc_check_init();
   if (r != CUDA_SUCCESS) return r;
   if (!desc || count == 0 || size == 0 || ptr % G || size % G) return CUDA_ERROR_INVALID_VALUE;
@@ -307,25 +356,32 @@ static CUresult set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *
     if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE && desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
         desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
       return CUDA_ERROR_INVALID_VALUE;
-    flags |= (unsigned long long)desc[i].flags;
   }
-  int prot = flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE
-             : flags == CU_MEM_ACCESS_FLAGS_PROT_READ    ? PROT_READ
-                                                         : PROT_NONE;
   pthread_mutex_lock(&fc_mem_mu);
   struct fc_reservation *res = find_reservation(ptr, size);
   size_t covered = 0;
+  bool device_frame = false;
   for (struct fc_piece *p = res ? res->pieces : NULL; p; p = p->next) {
     CUdeviceptr lo = p->va > ptr ? p->va : ptr, hi = p->va + p->size < ptr + size ? p->va + p->size : ptr + size;
-    if (lo < hi) covered += hi - lo;
+    if (lo < hi) {
+      covered += hi - lo;
+      device_frame |= p->frame->dev != FC_HOST;
+    }
   }
-  if (!res || covered != size) {
-    r = CUDA_ERROR_INVALID_VALUE;
-  } else if (mprotect((void *)(uintptr_t)ptr, size, prot) != 0) {
-    r = CUDA_ERROR_OUT_OF_MEMORY;
-  } else {
-    for (struct fc_piece *p = res->pieces; p; p = p->next)
-      if (p->va < ptr + size && ptr < p->va + p->size) p->access = flags;
+  for (size_t i = 0; i < count && res && covered == size; i++)
+    if (location_dev(&desc[i].location, &dev) == CUDA_SUCCESS && dev == FC_HOST && device_frame) covered = 0;
+  if (!res || covered != size) r = CUDA_ERROR_INVALID_VALUE;
+  for (struct fc_piece *p = r == CUDA_SUCCESS ? res->pieces : NULL; p; p = p->next) {
+    if (!(p->va < ptr + size && ptr < p->va + p->size)) continue;
+    for (size_t i = 0; i < count; i++) {
+      location_dev(&desc[i].location, &dev);
+      if (dev == FC_HOST) p->host_access = desc[i].flags;
+      else p->access[dev] = desc[i].flags;
+    }
+    bool ok = mprotect((void *)(uintptr_t)p->va, p->size, prot_of(p->host_access)) == 0;
+    for (int d = 0; d < fc_cfg.device_count; d++)
+      ok = mprotect(res->view[d] + (p->va - res->base), p->size, prot_of(p->access[d])) == 0 && ok;
+    if (!ok) r = CUDA_ERROR_OUT_OF_MEMORY;
   }
   pthread_mutex_unlock(&fc_mem_mu);
   return r;
@@ -346,7 +402,7 @@ static CUresult get_access(unsigned long long *flags, const CUmemLocation *locat
   struct fc_reservation *res = find_reservation(ptr, 1);
   for (struct fc_piece *p = res ? res->pieces : NULL; p; p = p->next) {
     if (ptr >= p->va && ptr - p->va < p->size) {
-      *flags = p->access;
+      *flags = dev == FC_HOST ? p->host_access : p->access[dev];
       r = CUDA_SUCCESS;
     }
   }

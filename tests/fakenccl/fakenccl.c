@@ -257,11 +257,18 @@ static size_t type_size(ncclDataType_t t) {
 }
 
 static CUresult (*stream_sync)(CUstream);
+static void *(*stream_view)(CUstream, CUdeviceptr); /* tests/fakecuda's: the host cannot touch device frames */
 
 /* Only a libcuda the process already loaded: the fake never brings one in itself. */
 static void find_stream_sync(void) {
   void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
   if (h) *(void **)&stream_sync = dlsym(h, "cuStreamSynchronize");
+  if (h) *(void **)&stream_view = dlsym(h, "fakecuda_stream_view");
+}
+
+/* Where the stream's device reaches p (a kernel would run there). */
+static void *on_device(cudaStream_t stream, const void *p) {
+  return p && stream_view ? stream_view((CUstream)stream, (CUdeviceptr)(uintptr_t)p) : (void *)p;
 }
 
 /* The collective reads what earlier work on its stream wrote (the own shard's copy before
@@ -339,10 +346,13 @@ static void consume(ncclComm_t c, const struct op *op, size_t off, size_t len) {
 
 /* Every collective: stage a piece, meet, consume every rank's piece, meet again (so the
  * stage can be reused). */
-static ncclResult_t run(ncclComm_t c, const struct op *op, cudaStream_t stream) {
+static ncclResult_t run(ncclComm_t c, const struct op *given, cudaStream_t stream) {
   if (c->error != ncclSuccess) return c->error;
   ncclResult_t waited = after_stream(stream);
   if (waited != ncclSuccess) return c->error = waited;
+  struct op device_op = *given, *op = &device_op;
+  op->send = on_device(stream, given->send);
+  op->recv = on_device(stream, given->recv);
   c->ops++;
   size_t off = 0;
   do { /* once even for 0 bytes: every rank still meets */
