@@ -1,5 +1,6 @@
 /* The reader on damaged traces: cut at every byte, random corruption, corruption behind
- * valid checksums, foreign files. It must never crash, and must say what it lost. */
+ * valid checksums (a bad record in a sound block is named and counted), foreign files. It
+ * must never crash, and must say what it lost. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -179,6 +180,39 @@ static void test_reads_past_a_bad_block(void **state) {
   unlink(path);
 }
 
+/* A record the decoder rejects inside a block whose checksum holds (the writer made it so):
+ * the reader names it, counts the rest of its block as lost, and reads the blocks after. */
+static void test_corrupt_record_in_a_sound_block(void **state) {
+  (void)state;
+  size_t size;
+  unsigned char *data = test_read_file(small_trace(), &size);
+  struct trace_read whole, t;
+  assert_true(test_trace_read(small_trace(), &whole));
+  uint32_t len1, len2;
+  memcpy(&len1, data + PST_FILE_HEADER_SIZE + 4, 4);
+  const size_t second = PST_FILE_HEADER_SIZE + PST_BLOCK_HEADER_SIZE + len1, record = second + PST_BLOCK_HEADER_SIZE;
+  memcpy(&len2, data + second + 4, 4);
+  const uint32_t too_long = 0xFFFFFFF0u; /* the record's length field: past its block */
+  memcpy(data + record + 4, &too_long, 4);
+  reseal(data, size);
+  const char *path = test_trace_path("badrecord");
+  test_write_file(path, data, size);
+  assert_true(test_trace_read(path, &t));
+  char want[64];
+  snprintf(want, sizeof want, "corrupt record at byte %zu", record);
+  assert_non_null(strstr(t.error, want));
+  assert_int_equal(t.stats.bad_blocks, 0); /* the block itself is sound */
+  assert_int_equal(t.stats.lost_bytes, len2);
+  assert_int_equal(t.stats.good_bytes + t.stats.lost_bytes, size);
+  assert_true(t.stats.clean_end); /* the blocks after it were read */
+  assert_true(t.n < whole.n && t.n > whole.n / 2);
+  assert_int_equal(t.recs[t.n - 1].type, PST_REC_END);
+  test_trace_read_free(&t);
+  test_trace_read_free(&whole);
+  free(data);
+  unlink(path);
+}
+
 static void test_foreign_files(void **state) {
   (void)state;
   size_t size;
@@ -217,6 +251,7 @@ int main(void) {
     cmocka_unit_test(test_truncated_everywhere),
     cmocka_unit_test(test_random_corruption),
     cmocka_unit_test(test_corruption_behind_checksums),
+    cmocka_unit_test(test_corrupt_record_in_a_sound_block),
     cmocka_unit_test(test_reads_past_a_bad_block),
     cmocka_unit_test(test_foreign_files),
   };
