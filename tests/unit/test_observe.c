@@ -128,6 +128,19 @@ static void test_pointer_positions(void **state)
   void *odd_args[] = {&k, packed};
   assert_int_equal(cuLaunchKernel(odd, 1, 1, 1, 1, 1, 1, 0, 0, odd_args, NULL), CUDA_SUCCESS);
 
+  /* a pointer at byte 4 inside its parameter: a packed {uint32 tag; uint64 p} of 12 bytes,
+   * laid out at offset 8 after an int, so the pointer sits at byte 12 of the buffer */
+  unsigned char tagged[12];
+  memset(tagged, 0x11, 4);
+  memcpy(tagged + 4, &b, 8);
+  size_t tagged_sizes[] = {4, 12};
+  CUfunction inner = fakecuda_register_kernel("inner_offset", nop, NULL, 2, tagged_sizes);
+  void *inner_args[] = {&k, tagged};
+  assert_int_equal(cuLaunchKernel(inner, 1, 1, 1, 1, 1, 1, 0, 0, inner_args, NULL), CUDA_SUCCESS);
+  size_t at = 0;
+  assert_int_equal(cuFuncGetParamInfo(inner, 1, &at, NULL), CUDA_SUCCESS);
+  assert_int_equal(at, 8);
+
   /* the extra form: one buffer holding (ptr, ptr, ptr) with a duplicate */
   uint64_t buf[3] = {c, a, c};
   size_t buf_size = sizeof buf;
@@ -147,6 +160,8 @@ static void test_pointer_positions(void **state)
   expect_ptrs("in_struct", want_struct, 2);
   uint64_t want_odd[] = {a};
   expect_ptrs("odd_offset", want_odd, 1);
+  uint64_t want_inner[] = {b};
+  expect_ptrs("inner_offset", want_inner, 1);
   uint64_t want_extra[] = {a < c ? a : c, a < c ? c : a};
   expect_ptrs("by_extra", want_extra, 2);
   const struct seen *copy = find("cuMemcpyHtoDAsync_v2");
