@@ -100,8 +100,11 @@ void psc_node_leave(void);
  * every rank iff every rank passed the same nonzero sums[i]. */
 bool psc_agree_checksums(const uint64_t *sums, size_t count, bool *agree);
 #define PSC_MAX_RANKS 64 /* ranks of one node */
-/* Every rank passes a file descriptor (or -1: it cannot take part); afterwards fds[r] (room
- * for PSC_MAX_RANKS) holds rank r's (new descriptors the caller closes; -1 where rank r passed none). */
+/* Every rank passes a file descriptor (or -1: it cannot take part, and gets none); afterwards
+ * fds[r] (room for PSC_MAX_RANKS) holds rank r's (new descriptors the caller closes; -1 where
+ * rank r passed none). Each is like this rank's own, the same kind of file of the same size,
+ * or the exchange fails (one line; the star is closed) and none is returned. Only the job's
+ * own ranks reach the star: each end checks the other's credentials (comm/README.md). */
 bool psc_share_fds(int mine, int fds[]);
 /* Closes the star for good (psc_node_leave does); the peers' next exchange fails. */
 void psc_star_close(void);

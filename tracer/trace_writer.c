@@ -500,7 +500,9 @@ bool pst_trace_open(const char *path, const struct pst_trace_header *h) {
     say("already open, not opening", path, 0);
     return false;
   }
-  fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  /* The user names the file: made as any program makes one, so the umask decides who may
+   * read it, and a link the user made is followed (docs/security.md). */
+  fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
   if (fd < 0) {
     say("cannot be created:", path, errno);
     pthread_mutex_unlock(&open_lock);

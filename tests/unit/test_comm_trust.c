@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -41,6 +42,7 @@ struct scratch {
   _Atomic int ready;     /* the stranger is in place */
   _Atomic int connected; /* it reached the star */
   _Atomic int got_bytes, got_fds; /* what reached it from the job */
+  _Atomic int tried;              /* ranks past their join, whatever it gave */
 };
 static struct scratch *scratch;
 
@@ -67,9 +69,13 @@ static bool wait_for(_Atomic int *flag) {
   return atomic_load(flag);
 }
 
+/* Switches to another uid; the process then ends with the rank that forked it, even one that
+ * fails early (a change of uid clears the parent-death signal, so it is set after). */
 static bool as_nobody(void) {
+  pid_t parent = getppid();
   return setgroups(0, NULL) == 0 && setresgid(NOBODY, NOBODY, NOBODY) == 0 &&
-         setresuid(NOBODY, NOBODY, NOBODY) == 0;
+         setresuid(NOBODY, NOBODY, NOBODY) == 0 && prctl(PR_SET_PDEATHSIG, SIGKILL) == 0 &&
+         getppid() == parent;
 }
 
 static bool join(void) {
@@ -361,12 +367,14 @@ static int ranks_beside_squatted_segments(int rank, void *arg) {
   int code = 0;
   if (count < PSC_SEGMENT_NAMES) { /* the job meets elsewhere and shares as usual */
     int mine = frame(rank, RANK_MARK, PIECE), got[PSC_MAX_RANKS];
-    if (!join()) return 10;
-    code = mine >= 0 && psc_share_fds(mine, got) ? all_frames_right(got) : 12;
+    if (!join()) code = 10;
+    else code = mine >= 0 && psc_share_fds(mine, got) ? all_frames_right(got) : 12;
     psc_barrier();
   } else if (join()) {
     code = 18;
   }
+  atomic_fetch_add(&scratch->tried, 1);
+  while (squatter > 0 && atomic_load(&scratch->tried) < NRANKS) nap_ms(1); /* names kept till all looked */
   if (squatter > 0) {
     kill(squatter, SIGKILL);
     waitpid(squatter, NULL, 0);
