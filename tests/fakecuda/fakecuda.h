@@ -98,6 +98,9 @@ FAKECUDA_API void fakecuda_set_delays(unsigned copy_us, unsigned event_us, unsig
 /* Bytes charged now against device dev's capacity (dev >= 0) or the host-frame
  * capacity (dev == -1): what cuMemGetInfo subtracts. */
 FAKECUDA_API size_t fakecuda_used_bytes(int dev);
+/* The most fakecuda_used_bytes(dev) has been since cuInit: a budget check that does not
+ * trust the allocator's own counters. */
+FAKECUDA_API size_t fakecuda_peak_bytes(int dev);
 
 #ifdef __cplusplus
 }

@@ -11,7 +11,7 @@ pthread_mutex_t fc_mem_mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* ---- capacity ---- */
 static pthread_mutex_t acct_mu = PTHREAD_MUTEX_INITIALIZER;
-static size_t dev_used[FC_MAX_DEVICES], host_used;
+static size_t dev_used[FC_MAX_DEVICES], host_used, dev_peak[FC_MAX_DEVICES], host_peak;
 
 bool fc_charge(int dev, size_t bytes) {
   size_t *used = dev == FC_HOST ? &host_used : &dev_used[dev];
@@ -19,6 +19,8 @@ bool fc_charge(int dev, size_t bytes) {
   pthread_mutex_lock(&acct_mu);
   bool ok = bytes <= cap - *used;
   if (ok) *used += bytes;
+  size_t *peak = dev == FC_HOST ? &host_peak : &dev_peak[dev];
+  if (*used > *peak) *peak = *used;
   pthread_mutex_unlock(&acct_mu);
   return ok;
 }
@@ -32,13 +34,15 @@ void fc_uncharge(int dev, size_t bytes) {
   pthread_mutex_unlock(&acct_mu);
 }
 
-FC_EXPORT size_t fakecuda_used_bytes(int dev) {
+static size_t read_acct(int dev, const size_t *per_dev, const size_t *host) {
   if (dev != FC_HOST && (dev < 0 || dev >= FC_MAX_DEVICES)) return 0;
   pthread_mutex_lock(&acct_mu);
-  size_t v = dev == FC_HOST ? host_used : dev_used[dev];
+  size_t v = dev == FC_HOST ? *host : per_dev[dev];
   pthread_mutex_unlock(&acct_mu);
   return v;
 }
+FC_EXPORT size_t fakecuda_used_bytes(int dev) { return read_acct(dev, dev_used, &host_used); }
+FC_EXPORT size_t fakecuda_peak_bytes(int dev) { return read_acct(dev, dev_peak, &host_peak); }
 
 /* ---- allocations (fc_mem_mu) ---- */
 struct fc_alloc {

@@ -178,6 +178,8 @@ static void test_capacity_and_mem_get_info(void **state) {
   for (int i = 1; i < 4; i++) CU_OK(cuMemRelease(h[i]));
   CU_OK(cuMemGetInfo_v2(&free_b, &total));
   assert_int_equal(free_b, 64 * MiB);
+  assert_int_equal(fakecuda_peak_bytes(0), 64 * MiB); /* the most held at once, above */
+  assert_int_equal(fakecuda_peak_bytes(-1), 8 * MiB);
 }
 
 static void test_argument_errors(void **state) {

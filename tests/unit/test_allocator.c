@@ -138,7 +138,7 @@ static void check_and_free(const struct live *l, int n, CUstream streams[2])
 
 struct worker {
   unsigned seed;
-  int ops;
+  int ops, period; /* period > 0: the program repeats itself every `period` ops */
   uint64_t max_live_bytes;
   bool migrate;
   CUcontext ctx;
@@ -165,7 +165,29 @@ static void *worker_main(void *arg)
   struct live live[256];
   int n = 0;
   uint64_t live_bytes = 0;
+  const unsigned first_seed = w->seed;
+  /* A periodic program also has long-lived weights, read each period and half of them
+   * rewritten: the model data the pager moves. */
+  struct live weights[6];
+  int nweights = w->period ? 6 : 0;
+  for (int j = 0; j < nweights; j++) {
+    weights[j] = (struct live){.bytes = 1536 * 1024, .seed = 77u + (uint64_t)j, .stream = streams[j % 2]};
+    if (psa_alloc(0, weights[j].bytes, weights[j].stream, &weights[j].p) != CUDA_SUCCESS)
+      abort();
+    launch(fill_kernel, weights[j].p, weights[j].bytes, weights[j].seed, weights[j].stream);
+  }
   for (int op = 0; op < w->ops; op++) {
+    if (w->period && op % w->period == 0) { /* the same ops again, from nothing live but the weights */
+      check_and_free(live, n, streams);
+      n = 0;
+      live_bytes = 0;
+      w->seed = first_seed;
+      for (int j = 0; j < nweights; j++) {
+        launch(check_kernel, weights[j].p, weights[j].bytes, weights[j].seed, weights[j].stream);
+        weights[j].seed += j % 2 ? 0 : 1000;
+        launch(fill_kernel, weights[j].p, weights[j].bytes, weights[j].seed, weights[j].stream);
+      }
+    }
     unsigned k = (unsigned)rand_r(&w->seed) % 100;
     if (n < 256 && k < 50) {
       uint64_t bytes = random_size(&w->seed);
@@ -197,12 +219,13 @@ static void *worker_main(void *arg)
     }
   }
   check_and_free(live, n, streams);
+  check_and_free(weights, nweights, streams);
   return NULL;
 }
 
 struct program {
   const char *gpu_budget;
-  int threads, ops;
+  int threads, ops, period;
   uint64_t max_live_per_thread;
   bool migrate, expect_host, pager; /* pager: PSSHIM_POLICY=auto moves chunks meanwhile */
 };
@@ -210,15 +233,18 @@ struct program {
 static void run_program(void *arg)
 {
   const struct program *pg = arg;
-  if (pg->pager)
+  if (pg->pager) {
     setenv("PSSHIM_POLICY", "auto", 1); /* the test's environment names the fake CUPTI */
+    setenv("PSSHIM_RUNAHEAD", "16", 1); /* well under the period's launches */
+    setenv("PSSHIM_INPLACE_RATE", "1M", 1); /* every move pays (see start_paging) */
+  }
   start(pg->gpu_budget, "512M");
   CUcontext ctx;
   ps_driver.cuCtxGetCurrent(&ctx);
   pthread_t t[8];
   struct worker w[8];
   for (int i = 0; i < pg->threads; i++) {
-    w[i] = (struct worker){.seed = 1234u + (unsigned)i * 77u, .ops = pg->ops,
+    w[i] = (struct worker){.seed = 1234u + (unsigned)i * 77u, .ops = pg->ops, .period = pg->period,
                            .max_live_bytes = pg->max_live_per_thread, .migrate = pg->migrate, .ctx = ctx};
     pthread_create(&t[i], NULL, worker_main, &w[i]);
   }
@@ -227,17 +253,21 @@ static void run_program(void *arg)
   ps_driver.cuCtxSynchronize();
   struct psa_stats s;
   psa_stats_get(&s);
-  fprintf(stderr, "budget %s: allocs %llu, peak GPU frames %llu, peak host frames %llu, mismatches %llu\n",
-          pg->gpu_budget, (unsigned long long)s.allocs, (unsigned long long)s.peak_gpu_frames,
-          (unsigned long long)s.peak_host_frames, (unsigned long long)atomic_load(&mismatches));
+  fprintf(stderr, "budget %s: allocs %llu, peak GPU frames %llu, peak host frames %llu, moves %llu to GPU %llu to "
+          "host, period %llu, mismatches %llu\n", pg->gpu_budget, (unsigned long long)s.allocs, (unsigned long long)s.peak_gpu_frames,
+          (unsigned long long)s.peak_host_frames, (unsigned long long)s.migrations_to_gpu,
+          (unsigned long long)s.migrations_to_host, (unsigned long long)ps_wiring_progress().period,
+          (unsigned long long)atomic_load(&mismatches));
   if (atomic_load(&mismatches))
     exit(10);
   if (s.live_bytes != 0)
     exit(11);
   if (pg->expect_host && s.peak_host_frames == 0)
     exit(12);
-  if (s.peak_gpu_frames * CHUNK > s.gpu_budget)
+  if (fakecuda_peak_bytes(0) > s.gpu_budget) /* the driver's count, not psshim's */
     exit(13);
+  if (pg->period && (!ps_wiring_progress().period || !s.migrations_to_gpu || !s.migrations_to_host))
+    exit(14); /* the pager was to move chunks both ways, and did not */
 }
 
 /* The workload's peak is about threads x max_live: 4 x 12 MiB = 48 MiB. */
@@ -273,8 +303,9 @@ static void test_random_programs_slow_kernels(void **state)
   assert_int_equal(status, 0);
 }
 
-/* The pager observing random programs (no period: it may only fill free GPU frames) with
- * slow copies, events and kernels: every byte survives. */
+/* The pager moving chunks of a random program that repeats itself (one thread, so the
+ * launch sequence does: the period is found and chunks move both ways) with slow copies,
+ * events and kernels: every byte survives. */
 static const char *delays[][3] = {{"0", "0", "0"}, {"200", "0", "0"}, {"0", "100", "0"}, {"0", "0", "30"}, {"200", "100", "30"}};
 
 static void set_delays(int i)
@@ -296,8 +327,8 @@ static void test_random_programs_with_pager(void **state)
   (void)state;
   for (int i = 0; i < 5; i++) {
     set_delays(i);
-    struct program pg = {.gpu_budget = "12M", .threads = 3, .ops = 600, .max_live_per_thread = 10 * MiB,
-                         .expect_host = true, .pager = true};
+    struct program pg = {.gpu_budget = "12M", .threads = 1, .ops = 2400, .period = 150,
+                         .max_live_per_thread = 12 * MiB, .expect_host = true, .pager = true};
     int status = in_child(run_program, &pg);
     clear_delays();
     if (status)
@@ -430,7 +461,7 @@ static void run_loop(void *arg)
     exit(11);
   if (!ps_wiring_progress().period)
     exit(15); /* the loop's period was not found: the policy below was not exercised */
-  if (s.peak_gpu_frames * CHUNK > s.gpu_budget)
+  if (fakecuda_peak_bytes(0) > s.gpu_budget)
     exit(13);
   uint64_t moves = s.migrations_to_gpu + s.migrations_to_host;
   if (run->unseen_at && (lp.moves_at_unseen == 0 || moves != lp.moves_at_unseen))
