@@ -43,6 +43,23 @@ static void update_fn(void **args, void *user)
   }
 }
 
+/* Reads every parameter and state back and compares it with the host's arithmetic; returns
+ * the mismatches, and adds the values to *sum. */
+static uint64_t check_values(uint32_t **param, uint32_t **state, int layers, uint64_t n, const uint32_t *expect_p,
+                             const uint32_t *expect_s, uint32_t *host, uint64_t *sum)
+{
+  uint64_t bad = 0;
+  for (int l = 0; l < layers; l++) {
+    check(cudaMemcpy(host, param[l], n * 4, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    for (uint64_t i = 0; i < n; i++)
+      bad += host[i] != expect_p[(uint64_t)l * n + i], *sum += host[i];
+    check(cudaMemcpy(host, state[l], n * 4, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    for (uint64_t i = 0; i < n; i++)
+      bad += host[i] != expect_s[(uint64_t)l * n + i], *sum += host[i];
+  }
+  return bad;
+}
+
 int main(int argc, char **argv)
 {
   int steps = argc > 1 ? atoi(argv[1]) : 6, layers = argc > 2 ? atoi(argv[2]) : 8;
@@ -68,6 +85,7 @@ int main(int argc, char **argv)
     }
   }
   bool keep = getenv("TRAIN_SIM_KEEP") && atoi(getenv("TRAIN_SIM_KEEP"));
+  uint64_t bad = 0, sum = 0;
   uint32_t **kept = calloc((size_t)steps, sizeof *kept);
   for (int step = 0; step < steps; step++) {
     uint32_t **act = calloc((size_t)layers, sizeof *act);
@@ -94,19 +112,15 @@ int main(int argc, char **argv)
     }
     free(act);
     check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    uint64_t step_sum = 0; /* the last step's sum is the checksum printed */
+    bad += check_values(param, state, layers, n, expect_p, expect_s, host, &step_sum);
+    sum = step_sum;
   }
   for (int step = 0; step < steps; step++)
     if (kept[step])
       check(cudaFree(kept[step]), "cudaFree");
   free(kept);
-  uint64_t bad = 0, sum = 0;
   for (int l = 0; l < layers; l++) {
-    check(cudaMemcpy(host, param[l], layer_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
-    for (uint64_t i = 0; i < n; i++)
-      bad += host[i] != expect_p[(uint64_t)l * n + i], sum += host[i];
-    check(cudaMemcpy(host, state[l], layer_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
-    for (uint64_t i = 0; i < n; i++)
-      bad += host[i] != expect_s[(uint64_t)l * n + i], sum += host[i];
     check(cudaFree(param[l]), "cudaFree");
     check(cudaFree(state[l]), "cudaFree");
   }
