@@ -771,6 +771,73 @@ static void test_runahead_wait_gives_up(void **state)
   assert_int_equal(in_child(held_back_by_own_lock, NULL), 0);
 }
 
+/* The guard a move has against work still queued: a stream held up by a kernel that waits
+ * for the host (as above) has every weight's read queued behind it, while the loop goes on
+ * on another stream. The run-ahead wait gives up on the held stream, so the pager, which
+ * moved weights every step before, plans over chunks whose last use there lies far back:
+ * none may move until the held stream has run (the test driver aborts a remap under queued
+ * work). Exits with the moves made while the stream was held. */
+static void held_stream(void *arg)
+{
+  (void)arg;
+  CUstream s = start_paging("auto", "8M", "64M", 160), t;
+  if (ps_driver.cuStreamCreate(&t, CU_STREAM_NON_BLOCKING))
+    exit(160);
+  size_t sizes[] = {8, 8, 8};
+  CUfunction wait_kernel = fakecuda_register_kernel("wait_released", wait_released_fn, NULL, 3, sizes);
+  CUdeviceptr w[6];
+  uint64_t seed[6];
+  for (int i = 0; i < 6; i++) {
+    seed[i] = (uint64_t)i;
+    if (psa_alloc(0, 2 * MiB, s, &w[i]))
+      exit(161);
+    launch(fill_kernel, w[i], 2 * MiB, seed[i], s);
+  }
+  uint64_t moves_held = 0;
+  for (int it = 0; it < 50; it++) {
+    if (it == 40) { /* every weight read on t, behind a kernel that waits for the host */
+      struct psa_stats st;
+      psa_stats_get(&st);
+      moves_held = st.migrations_to_gpu + st.migrations_to_host;
+      launch(wait_kernel, w[0], 2 * MiB, 0, t);
+      for (int i = 0; i < 6; i++)
+        launch(check_kernel, w[i], 2 * MiB, seed[i], t);
+    }
+    CUdeviceptr act; /* a step: an activation, every weight read, half of them rewritten */
+    if (psa_alloc(0, MiB, s, &act))
+      exit(163);
+    launch(fill_kernel, act, MiB, 500u + (uint64_t)it, s);
+    for (int i = 0; i < 6; i++) {
+      launch(check_kernel, w[i], 2 * MiB, seed[i], s);
+      if (i % 2 == 0 && it < 40) /* t reads the seeds of step 40 */
+        launch(fill_kernel, w[i], 2 * MiB, seed[i] += 100, s);
+    }
+    launch(check_kernel, act, MiB, 500u + (uint64_t)it, s);
+    psa_free(act, s, false);
+    ps_driver.cuStreamSynchronize(s);
+  }
+  struct psa_stats st;
+  psa_stats_get(&st);
+  moves_held = st.migrations_to_gpu + st.migrations_to_host - moves_held;
+  atomic_store(&released, true);
+  ps_driver.cuCtxSynchronize();
+  fprintf(stderr, "held stream: period %llu, moves %llu in all, %llu while held, run-ahead waits given up %llu, "
+          "mismatches %llu\n", (unsigned long long)ps_wiring_progress().period,
+          (unsigned long long)(st.migrations_to_gpu + st.migrations_to_host), (unsigned long long)moves_held,
+          (unsigned long long)st.runahead_timeouts, (unsigned long long)atomic_load(&mismatches));
+  for (int i = 0; i < 6; i++)
+    psa_free(w[i], s, true);
+  if (atomic_load(&mismatches) || !ps_wiring_progress().period || st.migrations_to_gpu + st.migrations_to_host == 0)
+    exit(162);
+  exit(moves_held > 99 ? 99 : (int)moves_held);
+}
+
+static void test_no_move_under_held_stream(void **state)
+{
+  (void)state;
+  assert_int_equal(in_child(held_stream, NULL), 0);
+}
+
 /* Work captured into a CUDA graph is not run when launched: psshim must add no event or
  * wait to a capturing stream (querying an event recorded there fails, as the fake does),
  * so paging stops and the capture's launches go unbracketed, silently. */
@@ -1110,6 +1177,7 @@ int main(void)
       cmocka_unit_test(test_training_loop_settles_without_moves),
       cmocka_unit_test(test_crowded_iteration_evicts_what_waits),
       cmocka_unit_test(test_runahead_wait_gives_up),
+      cmocka_unit_test(test_no_move_under_held_stream),
   };
   if (getenv("TEST_FILTER")) /* e.g. TEST_FILTER=*pager* to run one test under a debugger */
     cmocka_set_test_filter(getenv("TEST_FILTER"));
