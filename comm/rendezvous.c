@@ -95,8 +95,8 @@ static bool foreign_layout(uint64_t magic) {
 static void init_node(struct psc_node *node, const struct psc_ranks *r) {
   node->creator = psc_proc_self();
   node->nranks = r->local_world_size;
-  /* Where the kernel has no randomness yet (early boot), the clock: guessable, and then a
-   * squatter of the star's name is refused by its credentials instead. */
+  /* Where the kernel has no randomness yet (early boot), the clock: guessable, so a squatter
+   * could hold the star's name; the credentials then find it out and sharing stops. */
   if (getrandom(&node->star_salt, sizeof node->star_salt, GRND_NONBLOCK) != sizeof node->star_salt)
     node->star_salt = (uint64_t)(psg_now() * 1e9) ^ ((uint64_t)getpid() << 32);
   pthread_mutexattr_t a;
