@@ -42,7 +42,7 @@ struct scratch {
   _Atomic int ready;     /* the stranger is in place */
   _Atomic int connected; /* it reached the star */
   _Atomic int got_bytes, got_fds; /* what reached it from the job */
-  _Atomic int tried;              /* ranks past their join, whatever it gave */
+  char squatted[PSC_SEGMENT_NAMES][48]; /* segment names the stranger made: the test removes them */
 };
 static struct scratch *scratch;
 
@@ -343,7 +343,7 @@ static int squat_segments(int count) {
   struct psc_ranks r;
   if (psc_ranks_read(&r) != PSC_GROUP || !as_nobody()) return 1;
   for (int k = 0; k < count; k++) {
-    char name[48];
+    char *name = scratch->squatted[k];
     psc_segment_name(r.job_key, k, name);
     int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0666);
     if (fd < 0 || fchmod(fd, 0666) != 0 || ftruncate(fd, sizeof(struct psc_node)) != 0) return 2;
@@ -373,18 +373,9 @@ static int ranks_beside_squatted_segments(int rank, void *arg) {
   } else if (join()) {
     code = 18;
   }
-  atomic_fetch_add(&scratch->tried, 1);
-  while (squatter > 0 && atomic_load(&scratch->tried) < NRANKS) nap_ms(1); /* names kept till all looked */
   if (squatter > 0) {
     kill(squatter, SIGKILL);
     waitpid(squatter, NULL, 0);
-    struct psc_ranks r;
-    psc_ranks_read(&r);
-    for (int k = 0; k < count; k++) {
-      char name[48];
-      psc_segment_name(r.job_key, k, name);
-      shm_unlink(name);
-    }
   }
   psc_node_leave();
   return code;
@@ -393,6 +384,8 @@ static int ranks_beside_squatted_segments(int rank, void *arg) {
 static void segment_names_squatted(int count, const char *line) {
   struct rank_result res[NRANKS];
   run_ranks(NRANKS, ranks_beside_squatted_segments, &count, LIMIT_S, res);
+  for (int k = 0; k < PSC_SEGMENT_NAMES; k++) /* the names outlive their maker: removed here */
+    if (scratch->squatted[k][0]) shm_unlink(scratch->squatted[k]);
   assert_int_equal(atomic_load(&scratch->ready), 1);
   for (int r = 0; r < NRANKS; r++) {
     assert_int_equal(res[r].code, 0);
