@@ -11,10 +11,10 @@ static CUcontext ctx0, ctx1;
 
 static void touch(void *p) { *(volatile char *)p = 1; }
 
-/* write(char *p, char v): *p = v.  read(const char *p, char *out): *out = *p. */
+/* write(char *p, uint64 v): *p = (char)v.  read(const char *p, char *out): *out = *p. */
 static void write_fn(void **args, void *user) {
   (void)user;
-  **(char **)args[0] = *(char *)args[1];
+  **(char **)args[0] = (char)*(uint64_t *)args[1];
 }
 static void read_fn(void **args, void *user) {
   (void)user;
@@ -41,7 +41,8 @@ struct job {
 static void kernel_in_child(void *arg) {
   struct job *j = arg;
   CUstream s;
-  char v = 7, out = 0;
+  uint64_t v = 7;
+  char out = 0;
   void *a = &j->p, *b = j->f == read_k ? (void *)&(char *){&out} : (void *)&v;
   if (cuCtxSetCurrent(j->dev ? ctx1 : ctx0) || cuStreamCreate(&s, CU_STREAM_NON_BLOCKING)) _exit(2);
   void *params[] = {a, b};
@@ -165,7 +166,8 @@ static void remap_in_child(void *arg) {
   enum remap_case c = *(enum remap_case *)arg;
   CUdeviceptr va;
   CUstream s, other;
-  char v = 5, byte = 0;
+  uint64_t v = 5;
+  char byte = 0;
   if (cuCtxSetCurrent(ctx0) || cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) ||
       cuStreamCreate(&other, CU_STREAM_NON_BLOCKING) || cuMemAddressReserve(&va, 2 * GRAN, 0, 0, 0))
     _exit(2);
