@@ -48,7 +48,7 @@ import benchlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRAIN_SCRIPT = os.path.join(HERE, "gpt_train.py")
-METHODS = ("psshim-auto", "psshim-static", "fsdp-offload", "deepspeed-offload", "native-budget")
+METHODS = ("psshim-auto", "psshim-static", "fsdp-offload", "deepspeed-offload", "native-budget", "psshim-auto-base")
 SIZE_FLAGS = ("layers", "hidden", "heads", "seq", "batch", "vocab")
 FSDP_BYTES_NOTE = ("estimate, no counters: fp32 parameters copied host->device in forward and "
                    "again in backward (4+4 B/param), fp32 gradients device->host (4 B/param)")
@@ -70,6 +70,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--psshim-lib", metavar="PATH",
                    help="libpsshim.so to preload (required by the psshim-* methods)")
+    p.add_argument("--psshim-lib-base", metavar="PATH",
+                   help="an earlier build's libpsshim.so for the psshim-auto-base method: "
+                        "before and after side by side in one call")
     p.add_argument("--preset", choices=sorted(benchlib.PRESETS), default="gpt2.7b",
                    help="gpt_train.py preset (default: gpt2.7b)")
     for name in SIZE_FLAGS:
@@ -114,8 +117,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     if any(m.startswith("psshim") for m in a.methods) and not a.dry_run and not a.merge:
         if not a.psshim_lib or not os.path.isfile(a.psshim_lib):
             p.error("--psshim-lib must name an existing libpsshim.so for the psshim methods")
-    if a.psshim_lib:
-        a.psshim_lib = os.path.abspath(a.psshim_lib)
+    if "psshim-auto-base" in a.methods and not a.dry_run and not a.merge and not (
+            a.psshim_lib_base and os.path.isfile(a.psshim_lib_base)):
+        p.error("--psshim-lib-base must name an existing libpsshim.so for psshim-auto-base")
+    for name in ("psshim_lib", "psshim_lib_base"):
+        if getattr(a, name):
+            setattr(a, name, os.path.abspath(getattr(a, name)))
     return a
 
 
@@ -180,12 +187,13 @@ def make_run(a, method: str, ratio: float | None, budget: int | None,
         # The library's folder is searched for what it links (tests/gpu/pack.sh puts
         # libunwind beside it: the GPU machine may lack it).
         libs = os.environ.get("LD_LIBRARY_PATH")
-        run.env = {"LD_PRELOAD": a.psshim_lib or "<libpsshim.so>",
+        lib = a.psshim_lib_base if method == "psshim-auto-base" else a.psshim_lib
+        run.env = {"LD_PRELOAD": lib or "<libpsshim.so>",
                    "PSSHIM_GPU_BUDGET": budget_text,
-                   "PSSHIM_POLICY": method.split("-", 1)[1],
+                   "PSSHIM_POLICY": method.split("-")[1],
                    "PSSHIM_STATS": run.stats_path}
-        if a.psshim_lib:
-            run.env["LD_LIBRARY_PATH"] = os.path.dirname(os.path.abspath(a.psshim_lib)) + (
+        if lib:
+            run.env["LD_LIBRARY_PATH"] = os.path.dirname(os.path.abspath(lib)) + (
                 os.pathsep + libs if libs else "")
         run.argv = train_argv(a, run.json_path, *det)
     elif method == "fsdp-offload":
@@ -595,7 +603,7 @@ def main(argv=None) -> int:
     sweep = {"script": "paging_sweep.py", "argv": sys.argv[1:], "preset": a.preset,
              "ratios": a.ratios, "methods": a.methods, "steps": a.steps, "warmup": a.warmup,
              "deterministic": a.deterministic,
-             "psshim_lib": a.psshim_lib, "copy_rates_bytes_per_s": {
+             "psshim_lib": a.psshim_lib, "psshim_lib_base": a.psshim_lib_base, "copy_rates_bytes_per_s": {
                  "h2d": benchlib.H2D_BYTES_PER_S, "d2h": benchlib.D2H_BYTES_PER_S,
                  "both": benchlib.DUPLEX_BYTES_PER_S},
              "bound": "max(native median step, h2d/h2d_rate, d2h/d2h_rate, (h2d+d2h)/both_rate)",

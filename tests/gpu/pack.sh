@@ -2,6 +2,8 @@
 # Builds psshim here (release) and packs what the GPU machine needs into .gpu/, which the
 # device call carries: libpsshim.so, psshim-report, the driver probe, and libunwind (the
 # GPU machine has no package registry and may lack it).
+# PACK_BASE=COMMIT: also libpsshim-base.so, built from that commit, for before/after runs
+# in one call (bench/paging_sweep.py --psshim-lib-base, method psshim-auto-base).
 # PACK_VARIANTS="NAME ...": also libpsshim-NAME.so, built from HEAD with
 # tests/gpu/variants/NAME.patch applied, for A/B runs in one call (commit your changes
 # first: the variants are built from HEAD, the main library from the working tree).
@@ -14,14 +16,19 @@ cp build-gpu/libpsshim.so build-gpu/tools/psshim-report build-gpu/tests/integrat
 for lib in $(ldd build-gpu/libpsshim.so build-gpu/tools/psshim-report | awk '/libunwind|libjemalloc/ {print $3}' | sort -u); do
   cp -L "$lib" .gpu/
 done
-for name in ${PACK_VARIANTS:-}; do
-  wt=/tmp/psshim-variant-$name
+# A worktree at `rev` (patch applied when given), its libpsshim.so copied to .gpu/$3.
+build_at() { # rev, patch or "", output name
+  local wt=/tmp/psshim-build-$3
   git worktree remove --force "$wt" 2>/dev/null || rm -rf "$wt"
-  git worktree add --detach -q "$wt" HEAD
-  git -C "$wt" apply "$PWD/tests/gpu/variants/$name.patch"
+  git worktree add --detach -q "$wt" "$1"
+  [ -z "$2" ] || git -C "$wt" apply "$2"
   meson setup "$wt/build" "$wt" --buildtype=release -Dtoolkit="${CUDA_HOME:-/usr/local/cuda}" >/dev/null
   ninja -C "$wt/build" libpsshim.so >/dev/null
-  cp "$wt/build/libpsshim.so" ".gpu/libpsshim-$name.so"
+  cp "$wt/build/libpsshim.so" ".gpu/$3"
   git worktree remove --force "$wt"
+}
+[ -z "${PACK_BASE:-}" ] || build_at "$PACK_BASE" "" libpsshim-base.so
+for name in ${PACK_VARIANTS:-}; do
+  build_at HEAD "$PWD/tests/gpu/variants/$name.patch" "libpsshim-$name.so"
 done
 ls -la .gpu

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# One device call: the mover against the code before it, side by side on the 2.68B GPT
+# (after `PACK_BASE=<commit> tests/gpu/pack.sh` here; device: bash tests/gpu/mover_ab.sh,
+# carrying .gpu). One native run, then psshim auto (.gpu/libpsshim.so) and the earlier
+# build (.gpu/libpsshim-base.so) at MOVER_AB_RATIOS (default 1.25,3). Results in $OUT:
+# mover_ab.json and .png, mover_ab.log, and the runs' psshim statistics in
+# mover_ab_runs.tar.gz; the table printed last.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+G=$PWD/.gpu
+OUT=${OUT:-/tmp/psshim-mover-ab}
+W=/tmp/mover-ab
+mkdir -p "$OUT" "$W"
+export LD_LIBRARY_PATH=$G${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONUNBUFFERED=1
+python3 bench/paging_sweep.py --psshim-lib "$G/libpsshim.so" --psshim-lib-base "$G/libpsshim-base.so" \
+  --preset gpt2.7b --ratios "${MOVER_AB_RATIOS:-1.25,3}" --methods psshim-auto,psshim-auto-base \
+  --steps "${MOVER_AB_STEPS:-10}" --warmup "${MOVER_AB_WARMUP:-7}" --timeout "${MOVER_AB_TIMEOUT:-170}" \
+  --max-total-s "${MOVER_AB_MAX_S:-520}" --out "$W/mover_ab.json" >"$OUT/mover_ab.log" 2>&1
+cp "$W/mover_ab.json" "$W/mover_ab.png" "$OUT/" 2>/dev/null
+tar czf "$OUT/mover_ab_runs.tar.gz" -C "$W" mover_ab_runs 2>/dev/null
+grep -A20 "^ratio  budget" "$OUT/mover_ab.log" | grep -v "^\s*$"
+python3 - "$W/mover_ab_runs" <<'PY'
+import glob, json, os, sys
+keys = ("moves_queued", "moves_cancelled", "late_waits", "late_wait_ns", "mover_busy_ns", "plan_ns", "move_ns",
+        "remap_ns", "migrations_to_gpu", "migrations_to_host", "bytes_h2d", "bytes_d2h", "period")
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.psshim.json"))):
+    s = json.load(open(f))
+    print(os.path.basename(f), " ".join(f"{k}={s.get(k, '-')}" for k in keys))
+PY
+true
