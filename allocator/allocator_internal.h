@@ -137,7 +137,6 @@ struct device {
   uint32_t qhead, nqueued;
   enum psa_mover_state mover_state;
   bool mover_busy;
-  struct psa_mark *mover_last_copy; /* the copy of the mover's latest move */
   uint64_t copying[PSA_MAX_MIGRATIONS]; /* chunks whose move's copy is in flight */
   uint32_t ncopying;
   struct deferred_frame deferred[PSA_MAX_MIGRATIONS];

@@ -181,30 +181,16 @@ static uint32_t move_onto(struct device *d, uint64_t chunk, uint32_t to, struct 
     return from;
   }
   c->move = PSA_MOVE_REMAPPING;
-  /* Remaps queue in the driver behind copies in flight (shared/DESIGN.md): the mover's
-   * remap waits, without the lock, for the copy of its previous move instead. */
-  struct psa_mark *prev = unlocked ? d->mover_last_copy : NULL;
-  if (prev)
-    prev->refs++;
   if (unlocked)
     pthread_mutex_unlock(&d->lock);
-  if (prev && !prev->done)
-    PS_CU(ps_driver.cuEventSynchronize(prev->event));
   bool ok = remap(d, chunk, from, to, &ns);
   if (unlocked)
     pthread_mutex_lock(&d->lock);
-  if (prev)
-    prev->done = true;
-  psa_mark_put(d, prev);
   d->stats.remap_ns += ns;
   uint64_t copy_start = psa_now_ns();
   uint32_t old = ok ? copy_after_remap(d, chunk, from, to, after, start) : PSA_NO_FRAME;
-  if (unlocked && old != PSA_NO_FRAME) { /* the mover's own work, not its waits for the lock */
+  if (unlocked && old != PSA_NO_FRAME) /* the mover's own work, not its waits for the lock */
     note_move_cost(d, ns + psa_now_ns() - copy_start);
-    psa_mark_put(d, d->mover_last_copy);
-    d->mover_last_copy = c->copy;
-    c->copy->refs++;
-  }
   if (!ok)
     give_after(d, to, after);
   c->move = PSA_MOVE_NONE;
