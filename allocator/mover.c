@@ -159,13 +159,6 @@ static uint32_t copy_after_remap(struct device *d, uint64_t chunk, uint32_t from
   return from;
 }
 
-/* What a move costs, as plans weigh it (psp_fetch_pays): the time the thread that made it
- * spent on it (the mover's, or the allocating thread's), over about the last 16 moves. */
-static void note_move_cost(struct device *d, uint64_t ns)
-{
-  d->move_ns_mean = d->move_ns_mean ? (d->move_ns_mean * 15 + ns) / 16 : ns;
-}
-
 /* Moves a quiescent chunk onto frame `to` (taken by the caller; given back, after `after`,
  * on failure). unlocked: the lock is dropped for the remap (the mover); else it is held
  * throughout (the allocating thread's own moves). Returns the old frame (c->copy is the
@@ -187,15 +180,19 @@ static uint32_t move_onto(struct device *d, uint64_t chunk, uint32_t to, struct 
   if (unlocked)
     pthread_mutex_lock(&d->lock);
   d->stats.remap_ns += ns;
-  uint64_t copy_start = psa_now_ns();
   uint32_t old = ok ? copy_after_remap(d, chunk, from, to, after, start) : PSA_NO_FRAME;
-  if (unlocked && old != PSA_NO_FRAME) /* the mover's own work, not its waits for the lock */
-    note_move_cost(d, ns + psa_now_ns() - copy_start);
   if (!ok)
     give_after(d, to, after);
   c->move = PSA_MOVE_NONE;
   pthread_cond_broadcast(&d->moved);
   return old;
+}
+
+/* What a move costs, as plans weigh it (psp_fetch_pays): the time the thread that made it
+ * spent on it (the mover's, or the allocating thread's), over about the last 16 moves. */
+static void note_move_cost(struct device *d, uint64_t ns)
+{
+  d->move_ns_mean = d->move_ns_mean ? (d->move_ns_mean * 15 + ns) / 16 : ns;
 }
 
 static bool copy_room(struct device *d, uint32_t moves)
@@ -376,9 +373,13 @@ static void *mover_main(void *arg)
     d->mover_busy = true;
     d->qhead = (d->qhead + 1) % PSA_MAX_MIGRATIONS;
     d->nqueued--;
-    uint64_t start = psa_now_ns();
+    uint64_t start = psa_now_ns(), moves = d->stats.migrations_to_gpu + d->stats.migrations_to_host;
     run(d, r);
-    d->stats.mover_busy_ns += psa_now_ns() - start;
+    uint64_t spent = psa_now_ns() - start;
+    d->stats.mover_busy_ns += spent;
+    moves = d->stats.migrations_to_gpu + d->stats.migrations_to_host - moves;
+    if (moves)
+      note_move_cost(d, spent / moves);
     d->mover_busy = false;
     pthread_cond_broadcast(&d->moved);
   }
