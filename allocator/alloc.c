@@ -225,7 +225,6 @@ CUresult psa_chunk_migrate(int ordinal, uint64_t chunk, enum psa_where to)
   if (PS_CU(ps_driver.cuCtxSynchronize()))
     return CUDA_ERROR_UNKNOWN;
   pthread_mutex_lock(&d->lock);
-  psa_mover_idle(d, false); /* a queued move of the chunk would make it look busy */
   CUresult r = CUDA_ERROR_INVALID_VALUE;
   if (chunk < d->nchunks && d->chunks[chunk].frame != PSA_NO_FRAME) {
     psa_copy_done(d, chunk, true);

@@ -46,10 +46,6 @@ int64_t psa_chunk_of(CUdeviceptr p, int *ordinal);
 /* Where chunk `chunk` of device `ordinal` lives now. */
 enum psa_where psa_chunk_where(int ordinal, uint64_t chunk);
 
-/* Waits until no device's mover has a move queued or remapping: what the plans so far
- * decided has moved, and nothing moves until the next plan. */
-void psa_moves_settle(void);
-
 /* Moves a chunk's data to a frame of the other kind and remaps its addresses there, now.
  * Waits for the device first, so work psshim did not observe is finished too; the caller
  * guarantees no new kernel touches the chunk meanwhile. Only live ranges are copied. */
@@ -106,9 +102,6 @@ void psa_usage_reset_high(int ordinal, bool reserved, bool used);
  *   frames (allocating threads too), holding the host back to PSSHIM_RUNAHEAD launches
  *   ahead, and the run-ahead waits that gave up (the work ahead waited for the host);
  * - event_queries: cuEventQuery calls the pager made to learn what has run;
- * - the mover: moves queued for it, and those a touch (or a chunk no longer quiescent)
- *   cancelled before their remap; its busy time; launches that waited for a remap in
- *   progress (the plan was late), and how long;
  * - sharding: the rounds held (device synchronized, chunks checksummed and compared) and
  *   the time spent in them, chunks made shared and private again, shared chunks paged in
  *   at a touch (pieces kept) and mapped back onto their pieces unchanged, shared chunks
@@ -129,8 +122,6 @@ void psa_usage_reset_high(int ordinal, bool reserved, bool used);
   X(plan_ns, SUM) X(move_ns, SUM) X(remap_ns, SUM) X(scan_ns, SUM) X(poll_ns, SUM)            \
   X(frame_wait_ns, SUM) X(frame_make_ns, SUM) X(runahead_wait_ns, SUM)                        \
   X(runahead_timeouts, SUM) X(event_queries, SUM)                                             \
-  X(moves_queued, SUM) X(moves_cancelled, SUM) X(mover_busy_ns, SUM) X(late_waits, SUM)       \
-  X(late_wait_ns, SUM)                                                                        \
   X(share_rounds, SUM) X(share_round_ns, SUM) X(shares, SUM) X(unshares, SUM)                 \
   X(shared_pageins, SUM) X(shared_clean_leaves, SUM) X(shared_gathers, SUM)                   \
   X(gathered_bytes, SUM) X(gather_ns, SUM) X(comm_init_ns, SUM) X(shared_chunks, SUM)         \

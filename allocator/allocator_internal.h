@@ -12,7 +12,6 @@
 #include <time.h>
 
 #define PSA_NO_FRAME UINT32_MAX
-struct psa_move_req;
 #define PSA_MAX_MIGRATIONS 128  /* moves whose copies are in flight at once per device */
 /* Bytes one plan may start moving, and the bytes of copies in flight beyond which a plan
  * starts no move (a copy a launch would wait for, queued behind many others, stalls it).
@@ -69,15 +68,10 @@ struct deferred_frame {
   struct psa_mark *copy;
 };
 
-/* A chunk's move through the mover (mover.c). */
-enum psa_move_state { PSA_MOVE_NONE = 0, PSA_MOVE_QUEUED, PSA_MOVE_CANCELLED, PSA_MOVE_REMAPPING };
-enum psa_mover_state { PSA_MOVER_OFF = 0, PSA_MOVER_ON, PSA_MOVER_FAILED };
-
 /* The fields a plan reads of every chunk come first: one cache line per chunk per scan. */
 struct chunk {
   uint32_t frame; /* PSA_NO_FRAME when unmapped */
-  uint16_t in_flight; /* observed launches between their enter and exit (pager.c) */
-  uint16_t move;      /* enum psa_move_state */
+  uint32_t in_flight; /* observed launches between their enter and exit (pager.c) */
   struct span *span;
   struct psa_mark *copy; /* its last move's copy, until seen complete */
   uint64_t last_use;
@@ -129,14 +123,6 @@ struct device {
   uint32_t pool_target;
   /* paging */
   CUstream copy_in, copy_out;
-  /* the mover (mover.c): its thread, its queue of moves (a ring), and `moved`, signalled
-   * whenever a chunk's remap ends or a request is done */
-  pthread_t mover;
-  pthread_cond_t mover_wake, moved;
-  struct psa_move_req *mover_q; /* defined in mover.c */
-  uint32_t qhead, nqueued;
-  enum psa_mover_state mover_state;
-  bool mover_busy;
   uint64_t copying[PSA_MAX_MIGRATIONS]; /* chunks whose move's copy is in flight */
   uint32_t ncopying;
   struct deferred_frame deferred[PSA_MAX_MIGRATIONS];
@@ -235,43 +221,19 @@ void psa_shard_drop(struct device *d, uint64_t chunk);
  * chunk is shared again (called without locks). */
 void psa_shard_stop(void);
 
-/* marks.c (called with d->lock held) */
-struct psa_mark *psa_mark_new(struct device *d, CUstream s); /* recorded now on s, or NULL */
-void psa_mark_put(struct device *d, struct psa_mark *m);     /* NULL is fine */
-bool psa_mark_passed(struct device *d, struct psa_mark *m, bool sync);
-/* Drops the chunk's launch marks that have passed; true when none is left (sync: wait). */
-bool psa_users_passed(struct device *d, struct chunk *c, bool sync);
-/* Keeps launch mark m on the chunk (one per stream). */
-void psa_mark_add_user(struct device *d, struct chunk *c, struct psa_mark *m);
-
-/* mover.c (called with d->lock held) */
-/* Whether a move of the chunk may start now: quiescent, and no move of it queued. */
-bool psa_movable(struct device *d, uint64_t chunk);
-/* Moves a chunk no launch is using onto a frame of `to` now, on the calling thread;
- * NOT_READY when it is busy or too many copies are in flight, OUT_OF_MEMORY without a
- * frame. */
-CUresult psa_move(struct device *d, uint64_t chunk, enum psa_where to);
-/* Queues a move for the device's mover thread, taking its frame now: the chunk onto a
- * frame of `to`, or a swap (victim, on the GPU, to a host frame; then chunk onto the
- * victim's GPU frame). False when it cannot be queued (busy, no frame, queue full). */
-bool psa_move_queue(struct device *d, uint64_t chunk, enum psa_where to);
-bool psa_swap_queue(struct device *d, uint64_t chunk, uint64_t victim);
-/* A launch is about to touch the chunk, or its span is going: a queued move of it is
- * cancelled, and a remap in progress is waited for (a late wait). */
-void psa_move_touch(struct device *d, uint64_t chunk);
-/* Waits until the mover is idle: its queued moves done, or cancelled (cancel). */
-void psa_mover_idle(struct device *d, bool cancel);
-/* True once the chunk's last move's copy has completed (sync: wait for it). */
-bool psa_copy_done(struct device *d, uint64_t chunk, bool sync);
-/* Frees what completed copies held: marks, and frames moved away from. */
-void psa_moves_poll(struct device *d);
-
 /* pager.c (called with d->lock held) */
+/* Moves a chunk no launch is using onto a frame of `to` (see pager.c); NOT_READY when it
+ * is busy or too many copies are in flight, OUT_OF_MEMORY without a frame. */
+CUresult psa_move(struct device *d, uint64_t chunk, enum psa_where to);
 /* A GPU frame taken for a chunk needed at moment `need`: one free or makeable beyond the
  * margin (what the coming part of the iteration's short-lived allocations will want), else
  * the frame of the model chunk on the GPU needed farthest after `need` (Belady), paged out
  * and waited for; PSA_NO_FRAME when none is needed later. */
 uint32_t psa_frame_for(struct device *d, uint64_t period, uint64_t need);
+/* True once the chunk's last move's copy has completed (sync: wait for it). */
+bool psa_copy_done(struct device *d, uint64_t chunk, bool sync);
+/* Frees what completed copies held: marks, and frames moved away from. */
+void psa_moves_poll(struct device *d);
 
 /* capture.c: graph capture */
 #define PSA_CAPTURE_UNKNOWN (UINT64_MAX - 1) /* capturing, id not known: nothing reuses its bytes */

@@ -137,8 +137,6 @@ CUresult psa_frames_init(struct device *d)
   d->pool_target = 4;
   pthread_cond_init(&d->pool_wake, NULL);
   pthread_cond_init(&d->frame_made, NULL);
-  pthread_cond_init(&d->mover_wake, NULL);
-  pthread_cond_init(&d->moved, NULL);
   if (d->host_frame_limit == 0)
     return CUDA_SUCCESS;
   d->pool_running = true;

@@ -32,6 +32,316 @@
 
 static _Atomic bool paging_off; /* see stop_paging */
 
+/* ---- marks ---- */
+
+/* A mark recorded now on stream s, or NULL. */
+static struct psa_mark *mark_new(struct device *d, CUstream s)
+{
+  struct psa_mark *m = d->free_marks;
+  if (m)
+    d->free_marks = m->next_free;
+  else if (!(m = calloc(1, sizeof *m)))
+    return NULL;
+  *m = (struct psa_mark){.event = psa_event_get(d), .stream = s, .refs = 1};
+  if (!m->event || PS_CU(ps_driver.cuEventRecord(m->event, s))) {
+    psa_event_put(d, m->event);
+    m->next_free = d->free_marks;
+    d->free_marks = m;
+    return NULL;
+  }
+  return m;
+}
+
+static void mark_put(struct device *d, struct psa_mark *m)
+{
+  if (!m || --m->refs)
+    return;
+  psa_event_put(d, m->event);
+  m->next_free = d->free_marks;
+  d->free_marks = m;
+}
+
+/* Whether the work before the mark has completed (sync: wait for it). */
+static bool mark_passed(struct device *d, struct psa_mark *m, bool sync)
+{
+  if (m->done)
+    return true;
+  d->stats.event_queries += !sync;
+  CUresult r = sync ? ps_driver.cuEventSynchronize(m->event) : ps_driver.cuEventQuery(m->event);
+  if (r == CUDA_ERROR_NOT_READY)
+    return false;
+  if (r != CUDA_SUCCESS && !sync)
+    PS_CU(ps_driver.cuEventSynchronize(m->event)); /* an error: be sure the work is over */
+  m->done = true;
+  return true;
+}
+
+/* Drops the chunk's marks that have passed; true when none is left (sync: wait for all). */
+static bool users_passed(struct device *d, struct chunk *c, bool sync)
+{
+  for (uint32_t i = 0; i < c->nusers;)
+    if (mark_passed(d, c->users[i], sync)) {
+      mark_put(d, c->users[i]);
+      c->users[i] = c->users[--c->nusers];
+    } else {
+      i++;
+    }
+  return c->nusers == 0;
+}
+
+/* Keeps launch mark m on the chunk. A later mark on the same stream stands for an earlier
+ * one, except on the per-thread default stream, whose handle names a different stream on
+ * every thread. */
+static void add_user(struct device *d, struct chunk *c, struct psa_mark *m)
+{
+  for (uint32_t i = 0; i < c->nusers; i++)
+    if (c->users[i]->stream == m->stream && m->stream != CU_STREAM_PER_THREAD) {
+      mark_put(d, c->users[i]);
+      c->users[i] = m;
+      m->refs++;
+      return;
+    }
+  if (c->nusers == PSA_USER_MARKS && !users_passed(d, c, false) && c->nusers == PSA_USER_MARKS) {
+    /* More streams at once than tracked (rare): wait for the oldest. */
+    mark_passed(d, c->users[0], true);
+    users_passed(d, c, false);
+  }
+  c->users[c->nusers++] = m;
+  m->refs++;
+}
+
+/* ---- moves ---- */
+
+static bool ensure_copy_streams(struct device *d)
+{
+  if (d->copy_in)
+    return true;
+  if (PS_CU(ps_driver.cuStreamCreate(&d->copy_in, CU_STREAM_NON_BLOCKING)))
+    return false;
+  if (PS_CU(ps_driver.cuStreamCreate(&d->copy_out, CU_STREAM_NON_BLOCKING))) {
+    PS_CU(ps_driver.cuStreamDestroy_v2(d->copy_in));
+    d->copy_in = NULL;
+    return false;
+  }
+  return true;
+}
+
+/* Copies chunk's live ranges between two frames on stream s; returns the bytes, -1 on error. */
+static int64_t copy_live_async(struct device *d, uint64_t chunk, uint32_t from, uint32_t to, CUstream s)
+{
+  struct span *sp = d->chunks[chunk].span;
+  uint64_t lo = (chunk - sp->first_chunk) * d->chunk_size, hi = lo + d->chunk_size, at = lo, copied = 0;
+  for (uint32_t i = 0; i <= sp->nranges && at < hi; i++) {
+    uint64_t free_lo = i < sp->nranges ? sp->ranges[i].off : hi;
+    uint64_t live_end = free_lo < hi ? free_lo : hi;
+    if (live_end > at) {
+      if (PS_CU(ps_driver.cuMemcpyAsync(d->frames[to].staging + (at - lo), d->frames[from].staging + (at - lo),
+                                        live_end - at, s)))
+        return -1;
+      copied += live_end - at;
+    }
+    if (i < sp->nranges && sp->ranges[i].off + sp->ranges[i].len > at)
+      at = sp->ranges[i].off + sp->ranges[i].len;
+  }
+  return (int64_t)copied;
+}
+
+static void trace_move(uint64_t chunk, enum psa_where to, uint64_t bytes, uint64_t start_ns)
+{
+  if (!pst_trace_enabled())
+    return;
+  struct pst_record r = {.type = PST_REC_MIGRATION,
+                         .migration = {.chunk = (uint32_t)chunk, .direction = to == PSA_GPU ? PST_DIR_H2D : PST_DIR_D2H,
+                                       .reason = to == PSA_GPU ? PST_REASON_PREFETCH : PST_REASON_EVICT,
+                                       .bytes = bytes, .start_ns = start_ns, .end_ns = psa_now_ns()}};
+  pst_trace_emit(&r);
+}
+
+/* A frame that frees once the copy out of it is done. Without room on the list, waits. */
+static void give_after(struct device *d, uint32_t frame, struct psa_mark *copy)
+{
+  if (!copy) { /* nothing copied out of it (a shared chunk mapped back onto its pieces) */
+    psa_frame_give(d, frame);
+    return;
+  }
+  if (d->ndeferred == PSA_MAX_MIGRATIONS) {
+    mark_passed(d, copy, true);
+    psa_frame_give(d, frame);
+    return;
+  }
+  copy->refs++;
+  d->deferred[d->ndeferred++] = (struct deferred_frame){.frame = frame, .copy = copy};
+}
+
+/* Whether a move of the chunk may start now. */
+static bool movable(struct device *d, uint64_t chunk)
+{
+  struct chunk *c = &d->chunks[chunk];
+  return c->frame != PSA_NO_FRAME && c->frame != psa_shared_frame(d) && !c->in_flight && !c->span->building &&
+         psa_copy_done(d, chunk, false) && users_passed(d, c, false);
+}
+
+/* Points a chunk's addresses at another frame; false (still mapped where it was) if the
+ * driver refuses. */
+static bool remap(struct device *d, uint64_t chunk, uint32_t from, uint32_t to)
+{
+  CUdeviceptr va = d->base + chunk * d->chunk_size;
+  uint64_t start = psa_now_ns();
+  if (PS_CU(ps_driver.cuMemUnmap(va, d->chunk_size)))
+    return false;
+  if (psa_map(d, va, d->frames[to].handle) == CUDA_SUCCESS) {
+    d->stats.remap_ns += psa_now_ns() - start;
+    return true;
+  }
+  if (psa_map(d, va, d->frames[from].handle)) /* back onto the frame that holds the data */
+    ps_error("chunk %llu of device %d could not be remapped: its data is unreachable", (unsigned long long)chunk,
+             d->ordinal);
+  return false;
+}
+
+/* Moves a quiescent chunk onto frame `to` (taken by the caller; given back on failure):
+ * the remap first, then the copy on its direction's stream, after `after` when not NULL
+ * (the copy out of that frame). A remap behind a queued copy of the same memory (read
+ * through the frames' staging addresses) costs more: on the H200 an unmap took 83 us
+ * instead of 50 with one in flight (bench/remap_stall.c). Nothing in flight uses the
+ * chunk's addresses, and launches that touch it from now on wait for the copy (c->copy,
+ * set before the lock is dropped). Returns the old frame, whose copy-out is c->copy, or
+ * PSA_NO_FRAME on failure (the chunk is where it was). */
+static uint32_t move_onto(struct device *d, uint64_t chunk, uint32_t to, struct psa_mark *after)
+{
+  struct chunk *c = &d->chunks[chunk];
+  uint32_t from = c->frame;
+  enum psa_where where = d->frames[to].where;
+  CUstream s = where == PSA_GPU ? d->copy_in : d->copy_out;
+  uint64_t start = psa_now_ns();
+  if (where == PSA_HOST && psa_shard_leave(d, chunk)) { /* unchanged: back onto the node's copy */
+    psa_frame_give(d, to);
+    return from;
+  }
+  if (!remap(d, chunk, from, to)) {
+    psa_frame_give(d, to);
+    return PSA_NO_FRAME;
+  }
+  if (after && !after->done && PS_CU(ps_driver.cuStreamWaitEvent(s, after->event, 0)))
+    mark_passed(d, after, true);
+  int64_t bytes = copy_live_async(d, chunk, from, to, s);
+  struct psa_mark *copy = bytes < 0 ? NULL : mark_new(d, s);
+  if (!copy) {
+    /* Nothing moved. The new frame may still be a partial copy's target: it frees after
+     * the stream. */
+    PS_CU(ps_driver.cuStreamSynchronize(s));
+    if (!remap(d, chunk, to, from))
+      ps_error("chunk %llu of device %d could not be mapped back: its data is unreachable", (unsigned long long)chunk,
+               d->ordinal);
+    psa_frame_give(d, to);
+    return PSA_NO_FRAME;
+  }
+  c->frame = to;
+  c->copy = copy;
+  d->copying[d->ncopying++] = chunk;
+  psa_span_relist(d, c->span);
+  if (where == PSA_GPU) {
+    d->stats.migrations_to_gpu++;
+    d->stats.bytes_h2d += (uint64_t)bytes;
+  } else {
+    d->stats.migrations_to_host++;
+    d->stats.bytes_d2h += (uint64_t)bytes;
+  }
+  psa_trace_chunk(d, chunk, where == PSA_GPU ? PST_CHUNK_FRAME_GPU : PST_CHUNK_FRAME_HOST);
+  trace_move(chunk, where, (uint64_t)bytes, start);
+  uint64_t spent = psa_now_ns() - start;
+  d->stats.move_ns += spent;
+  d->move_ns_mean = d->move_ns_mean ? (d->move_ns_mean * 15 + spent) / 16 : spent; /* over ~16 moves */
+  return from;
+}
+
+static CUresult move_checks(struct device *d, uint64_t chunk)
+{
+  if (!movable(d, chunk))
+    return CUDA_ERROR_NOT_READY;
+  if (d->ncopying == PSA_MAX_MIGRATIONS || !ensure_copy_streams(d))
+    return CUDA_ERROR_NOT_READY;
+  return CUDA_SUCCESS;
+}
+
+CUresult psa_move(struct device *d, uint64_t chunk, enum psa_where to)
+{
+  if (chunk >= d->nchunks || d->chunks[chunk].frame == PSA_NO_FRAME || d->frames[d->chunks[chunk].frame].where == to)
+    return CUDA_ERROR_INVALID_VALUE;
+  CUresult r = move_checks(d, chunk);
+  if (r)
+    return r;
+  uint32_t fresh = to == PSA_HOST ? psa_host_frame(d) : psa_frame_take(d, to);
+  if (fresh == PSA_NO_FRAME)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  if (!movable(d, chunk)) { /* taking a frame may drop the lock */
+    psa_frame_give(d, fresh);
+    return CUDA_ERROR_NOT_READY;
+  }
+  uint32_t old = move_onto(d, chunk, fresh, NULL);
+  if (old == PSA_NO_FRAME)
+    return CUDA_ERROR_UNKNOWN;
+  give_after(d, old, d->chunks[chunk].copy);
+  return CUDA_SUCCESS;
+}
+
+/* Swaps a host chunk in for a GPU victim, both quiescent: the victim moves to a new host
+ * frame, and the chunk onto the victim's GPU frame once the victim's copy out of it is
+ * done (ordered on the copy streams, no host wait). */
+static void swap_in(struct device *d, uint64_t chunk, uint64_t victim)
+{
+  if (move_checks(d, chunk) || move_checks(d, victim) || d->ncopying + 2 > PSA_MAX_MIGRATIONS)
+    return;
+  uint32_t host = psa_host_frame(d);
+  if (host == PSA_NO_FRAME)
+    return;
+  if (!movable(d, chunk) || !movable(d, victim)) { /* taking a frame may drop the lock */
+    psa_frame_give(d, host);
+    return;
+  }
+  uint32_t gpu = move_onto(d, victim, host, NULL);
+  if (gpu == PSA_NO_FRAME)
+    return;
+  uint32_t old = move_onto(d, chunk, gpu, d->chunks[victim].copy);
+  if (old != PSA_NO_FRAME)
+    give_after(d, old, d->chunks[chunk].copy);
+}
+
+bool psa_copy_done(struct device *d, uint64_t chunk, bool sync)
+{
+  struct chunk *c = &d->chunks[chunk];
+  if (!c->copy)
+    return true;
+  if (!mark_passed(d, c->copy, sync))
+    return false;
+  mark_put(d, c->copy);
+  c->copy = NULL;
+  for (uint32_t i = 0; i < d->ncopying; i++)
+    if (d->copying[i] == chunk) {
+      d->copying[i] = d->copying[--d->ncopying];
+      break;
+    }
+  return true;
+}
+
+void psa_moves_poll(struct device *d)
+{
+  for (uint32_t i = 0; i < d->ndeferred;) {
+    if (!mark_passed(d, d->deferred[i].copy, false)) {
+      i++;
+      continue;
+    }
+    psa_frame_give(d, d->deferred[i].frame);
+    mark_put(d, d->deferred[i].copy);
+    d->deferred[i] = d->deferred[--d->ndeferred];
+  }
+  for (uint32_t i = 0; i < d->ncopying;) {
+    uint64_t chunk = d->copying[i];
+    if (!psa_copy_done(d, chunk, false))
+      i++; /* else the slot now holds another chunk */
+  }
+}
+
 /* ---- decisions (PSSHIM_POLICY=auto) ---- */
 
 /* Moves per plan, and copies in flight a plan may add to (see PSA_PLAN_BYTES). */
@@ -91,16 +401,14 @@ static size_t candidates(struct device *d, enum psa_where w, uint64_t now, uint6
   for (uint64_t i = 0; i < d->chunks_high; i++) {
     struct chunk *c = &d->chunks[i];
     /* A chunk used within the last PSSHIM_RUNAHEAD launches is most likely still queued. */
-    if (!on(d, c, w) || c->in_flight || c->copy || c->move || !c->last_use || c->last_use + ps_options.runahead > now)
+    if (!on(d, c, w) || c->in_flight || c->copy || !c->last_use || c->last_use + ps_options.runahead > now)
       continue;
     /* Victims are model data and young chunks that wait: the other young keep their
      * frames (the margin), and an empty span's frame goes to the next allocation anyway. */
     if (w == PSA_GPU && (!c->span->live_allocs || (young(c->span, now, period) && !waits(c, now, period, crowded))))
       continue;
     uint64_t next = predicted_next(c, now, period);
-    /* A fetch is a bet on what a move costs: none is made before one move's cost is
-     * known (the mover measures it; until it has, every fetch would look free). */
-    if (w == PSA_HOST && (next == PSP_NEVER || !d->move_ns_mean ||
+    if (w == PSA_HOST && (next == PSP_NEVER ||
                           !psp_fetch_pays(psp_uses_within(c->uses, PSA_USES, now, period), use_ns(d), d->move_ns_mean)))
       continue; /* not expected soon, or cheaper read in place */
     /* Fetches want the soonest: the victims' order with next uses reversed. */
@@ -159,7 +467,7 @@ uint32_t psa_frame_for(struct device *d, uint64_t period, uint64_t need)
   size_t nv = candidates(d, PSA_GPU, d->clock, period, margin > d->gpu_frame_limit, victims);
   for (size_t v = 0; v < nv && victims[v].next_use > need; v++) {
     uint64_t chunk = victims[v].chunk;
-    if (!psa_movable(d, chunk) || psa_move(d, chunk, PSA_HOST) != CUDA_SUCCESS)
+    if (!movable(d, chunk) || psa_move(d, chunk, PSA_HOST) != CUDA_SUCCESS)
       continue;
     psa_copy_done(d, chunk, true);
     psa_moves_poll(d); /* its GPU frame is free once the copy out of it is done */
@@ -210,20 +518,20 @@ static void plan(struct device *d, uint64_t now, uint64_t period)
   size_t v = 0, moves = 0;
   d->stats.plans++;
   d->stats.plans_no_fetch += nf == 0;
-  for (; room < keep && v < nv && moves < most && d->ncopying + d->nqueued < most; v++)
-    if (psa_move_queue(d, victims[v].chunk, PSA_HOST)) {
+  for (; room < keep && v < nv && moves < most && d->ncopying < most; v++)
+    if (movable(d, victims[v].chunk) && psa_move(d, victims[v].chunk, PSA_HOST) == CUDA_SUCCESS) {
       room++;
       moves++;
     }
-  for (size_t i = 0; i < nf && moves < most && d->ncopying + d->nqueued + 2 <= most; i++) {
+  for (size_t i = 0; i < nf && moves < most && d->ncopying + 2 <= most; i++) {
     uint64_t chunk = fetch[i].chunk, need = PSP_NEVER - fetch[i].next_use;
-    if (!psa_movable(d, chunk))
+    if (!movable(d, chunk))
       continue;
     if (d->gpu_frame_limit - d->gpu_frames_held > keep) { /* a frame free or makeable beyond it */
-      moves += psa_move_queue(d, chunk, PSA_GPU);
+      moves += psa_move(d, chunk, PSA_GPU) == CUDA_SUCCESS;
       continue;
     }
-    while (v < nv && !psa_movable(d, victims[v].chunk))
+    while (v < nv && !movable(d, victims[v].chunk))
       v++;
     if (v == nv || victims[v].next_use <= need) { /* no chunk on the GPU is needed later */
       d->stats.plans_no_victim += v == nv;
@@ -236,7 +544,8 @@ static void plan(struct device *d, uint64_t now, uint64_t period)
       d->stats.plans_no_gain++;
       continue; /* a later fetch, used more often, may still pay */
     }
-    moves += psa_swap_queue(d, chunk, victims[v++].chunk);
+    swap_in(d, chunk, victims[v++].chunk);
+    moves++;
   }
 }
 
@@ -264,7 +573,7 @@ static void for_each_chunk(struct visit *v, void (*fn)(struct device *, uint64_t
     struct device *d = &psa_devices[ordinal];
     if (d != locked) {
       if (locked) {
-        psa_mark_put(locked, locked == v->marked ? v->mark : NULL);
+        mark_put(locked, locked == v->marked ? v->mark : NULL);
         pthread_mutex_unlock(&locked->lock);
       }
       pthread_mutex_lock(&d->lock);
@@ -279,7 +588,7 @@ static void for_each_chunk(struct visit *v, void (*fn)(struct device *, uint64_t
       fn(d, i, v);
   }
   if (locked) {
-    psa_mark_put(locked, locked == v->marked ? v->mark : NULL);
+    mark_put(locked, locked == v->marked ? v->mark : NULL);
     pthread_mutex_unlock(&locked->lock);
   }
 }
@@ -287,7 +596,6 @@ static void for_each_chunk(struct visit *v, void (*fn)(struct device *, uint64_t
 static void enter_chunk(struct device *d, uint64_t chunk, struct visit *v)
 {
   struct chunk *c = &d->chunks[chunk];
-  psa_move_touch(d, chunk); /* a move not yet remapped is cancelled; one remapping, waited for */
   if (c->frame == psa_shared_frame(d))
     psa_unshare(d, chunk); /* it may write: its own copy first */
   if (!psa_copy_done(d, chunk, false)) {
@@ -318,7 +626,7 @@ static void exit_chunk(struct device *d, uint64_t chunk, struct visit *v)
     return; /* nothing enqueued, or nothing will move again: no mark needed */
   if (v->marked != d) {
     v->marked = d;
-    v->mark = psa_mark_new(d, (CUstream)(uintptr_t)v->l->stream);
+    v->mark = mark_new(d, (CUstream)(uintptr_t)v->l->stream);
     if (v->mark && d->recent && !v->ahead_dev) { /* the first device a launch touches */
       v->mark->refs++;
       v->ahead_dev = d;
@@ -328,10 +636,10 @@ static void exit_chunk(struct device *d, uint64_t chunk, struct visit *v)
     }
   }
   if (v->mark) {
-    psa_mark_add_user(d, c, v->mark);
+    add_user(d, c, v->mark);
   } else { /* no mark: wait for the launch here rather than lose track of it */
     PS_CU(ps_driver.cuStreamSynchronize((CUstream)(uintptr_t)v->l->stream));
-    psa_users_passed(d, c, true);
+    users_passed(d, c, true);
   }
 }
 
@@ -364,14 +672,6 @@ static void wait_copies(struct device *d, const struct ps_moment *l, uint64_t pe
   }
 }
 
-/* No queued move goes ahead, and no remap is in progress, once this returns. */
-static void quiet_mover(struct device *d, const struct ps_moment *l, uint64_t period)
-{
-  (void)l;
-  (void)period;
-  psa_mover_idle(d, true);
-}
-
 /* Work whose accesses psshim cannot see (a CUDA graph, an array copy) may touch any chunk,
  * and so may work being captured into a graph, which runs later: paging stops for good,
  * said once. Nothing moves again, so only the copies already in flight matter: work that
@@ -382,7 +682,6 @@ static void stop_paging(const struct ps_moment *l, bool capturing)
   if (!atomic_exchange(&paging_off, true))
     ps_log(PS_LOG_WARN, "%s: its memory accesses cannot be observed, so paging stops (placement stays as it is)",
            capturing ? "a stream is capturing a CUDA graph" : l->name ? l->name : "a CUDA graph launch");
-  each_device(quiet_mover, l, 0);
   if (!capturing)
     each_device(wait_copies, l, 0);
 }
@@ -424,8 +723,8 @@ static void hold_back(struct device *d, struct psa_mark *ahead)
 {
   pthread_mutex_lock(&d->lock);
   struct psa_mark *stuck = d->runahead_stuck;
-  if (stuck && psa_mark_passed(d, stuck, false)) {
-    psa_mark_put(d, stuck);
+  if (stuck && mark_passed(d, stuck, false)) {
+    mark_put(d, stuck);
     stuck = d->runahead_stuck = NULL;
   }
   pthread_mutex_unlock(&d->lock);
@@ -440,7 +739,7 @@ static void hold_back(struct device *d, struct psa_mark *ahead)
     ahead->refs++;
     d->stats.runahead_timeouts++;
   }
-  psa_mark_put(d, ahead);
+  mark_put(d, ahead);
   pthread_mutex_unlock(&d->lock);
 }
 

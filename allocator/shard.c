@@ -525,9 +525,6 @@ static void one_boundary(struct device *d, uint64_t period)
   boundaries_since_round = 0;
   d->stats.share_rounds++;
   uint64_t start = psa_now_ns();
-  /* The round checksums chunks and takes GPU frames for gathers: no move may be queued or
-   * remapping meanwhile, on any rank. */
-  psa_mover_idle(d, false);
   struct psa_shard *st = state(d);
   uint64_t offered = 0, equal = 0, shares = d->stats.shares;
   if (!st || !offer(d, st, period, &offered)) {

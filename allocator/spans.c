@@ -213,9 +213,8 @@ bool psa_span_idle(struct device *d, struct span *s)
    * the reclaim that taking its new frames runs, on this very thread. */
   if (s->live_allocs || s->building)
     return false;
-  /* A chunk the mover is remapping keeps its span: the remap ends by relisting it. */
   for (uint64_t i = s->first_chunk; i < s->first_chunk + s->nchunks; i++)
-    if (d->chunks[i].in_flight || d->chunks[i].move == PSA_MOVE_REMAPPING || !psa_copy_done(d, i, false))
+    if (d->chunks[i].in_flight || !psa_copy_done(d, i, false))
       return false;
   for (uint32_t i = 0; i < s->nranges; i++)
     i = settle(d, s, i);
@@ -255,7 +254,6 @@ static void unmap_chunks(struct device *d, uint64_t first, uint64_t n)
 {
   for (uint64_t i = first; i < first + n; i++) {
     struct chunk *c = &d->chunks[i];
-    psa_move_touch(d, i); /* a queued move is cancelled (an idle span has none remapping) */
     if (c->frame == PSA_NO_FRAME)
       continue;
     if (c->frame == psa_shared_frame(d)) {

@@ -101,10 +101,6 @@ bool ps_driver_load(void);
 void ps_own_calls(bool on);
 bool ps_in_own_calls(void);       /* on this thread */
 bool ps_own_calls_anywhere(void); /* on any thread */
-/* Marks the calling thread as psshim's own for good (the mover): every driver call it
- * makes is psshim's, never observed as the program's. */
-void ps_own_thread(void);
-bool ps_on_own_thread(void);
 /* Code that may run before a sanitizer runtime has initialised (it calls dlsym from its
  * own start-up): no instrumentation, so a sanitized build of psshim can be preloaded. */
 #define PS_NO_SANITIZE __attribute__((no_sanitize("address", "undefined")))

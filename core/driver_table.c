@@ -107,12 +107,6 @@ void ps_own_calls(bool on)
 
 bool ps_in_own_calls(void) { return own_calls; }
 
-static __thread bool own_thread __attribute__((tls_model("initial-exec")));
-
-void ps_own_thread(void) { own_thread = true; }
-
-bool ps_on_own_thread(void) { return own_thread; }
-
 bool ps_own_calls_anywhere(void) { return atomic_load_explicit(&own_calls_anywhere, memory_order_relaxed) > 0; }
 
 static _Atomic bool forked_child;

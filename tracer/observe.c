@@ -459,7 +459,7 @@ static void CUPTIAPI on_api(void *user, CUpti_CallbackDomain domain, CUpti_Callb
   /* CUPTI reports the driver calls made while handling a callback too (psshim's own
    * copies, when the pager moves a chunk from inside a launch's callback): those are
    * psshim's, not the program's, and must not re-enter the handler. */
-  if (tls_handling || ps_on_own_thread())
+  if (tls_handling)
     return;
   tls_handling = true;
   bool enter = cb->callbackSite == CUPTI_API_ENTER;

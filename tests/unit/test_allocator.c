@@ -796,7 +796,6 @@ static void held_stream(void *arg)
   uint64_t moves_held = 0;
   for (int it = 0; it < 50; it++) {
     if (it == 40) { /* every weight read on t, behind a kernel that waits for the host */
-      psa_moves_settle(); /* moves queued before count as before */
       struct psa_stats st;
       psa_stats_get(&st);
       moves_held = st.migrations_to_gpu + st.migrations_to_host;
