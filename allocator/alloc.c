@@ -65,8 +65,9 @@ CUresult psa_alloc(int ordinal, size_t size, CUstream stream, CUdeviceptr *p)
   struct psa_relaxed relaxed PSA_RELAXED_SCOPE = psa_relax(capture || psa_capture_underway());
   psa_placing_capture(capture);
   struct device *d = psa_device_get(ordinal);
-  if (!d)
-    return CUDA_ERROR_NOT_SUPPORTED;
+  if (!d) /* a device refused by the configuration fails the call; any other failure passes it on */
+    return ordinal >= 0 && ordinal < PSA_MAX_DEVICES && psa_devices[ordinal].refused ? CUDA_ERROR_INVALID_VALUE
+                                                                                     : CUDA_ERROR_NOT_SUPPORTED;
   uint64_t asize = psa_round_up(size, PSA_ALIGN), off = 0;
   if (asize < size)
     return CUDA_ERROR_OUT_OF_MEMORY;

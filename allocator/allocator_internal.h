@@ -92,6 +92,7 @@ struct alloc_entry {
 struct device {
   pthread_mutex_t lock;
   bool ready, failed;
+  bool refused; /* the configuration asks what the device cannot honour: allocations fail */
   int ordinal;
   CUdevice dev;
   CUcontext ctx;

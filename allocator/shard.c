@@ -204,7 +204,7 @@ static uint64_t checksum(struct device *d, struct psa_shard *st, uint64_t chunk)
     const unsigned char *p = st->scratch + (at - lo);
     uint64_t n = end - at, i = 0, w, lane[4] = {1, 2, 3, 4};
     /* Four independent lanes: one chain of multiplies hashed 2.8 GB/s, so a DDP rank's
-     * first round over 46 GiB of host frames took 17 s (run 31). Each step is a bijection
+     * first round over 46 GiB of host frames took 17 s (bench/results/ddp_run31). Each step is a bijection
      * of its lane: a difference in one word is never lost within the lane. */
     for (; i + 32 <= n; i += 32)
       for (int k = 0; k < 4; k++) {
@@ -410,7 +410,7 @@ static void gather_used(struct device *d, uint64_t period)
    * NCCL connects the ranks at a communicator's first collective (NCCL_RUNTIME_CONNECT
    * defaults to 1), so one all-gather into the first frame (overwritten below) belongs to
    * the making. The making is timed apart: it happens once, and would hide the gathers'
-   * rate (run 29: 7 chunks in 1.4 s). */
+   * rate (bench/results/shard_run29: 7 chunks in 1.4 s). */
   uint64_t start = psa_now_ns();
   bool gathered = st->comm_ready, copied = true;
   if (!gathered && (gathered = st->comm_ready = psc_comm_init(ps_driver.cuStreamQuery))) {

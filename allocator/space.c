@@ -19,13 +19,15 @@ static pthread_mutex_t setup_lock = PTHREAD_MUTEX_INITIALIZER;
 
 #define GiB (1024ull * 1024 * 1024)
 
-/* A configuration the device cannot honour stops the process, as a bad value does at
- * start: running on with a budget other than the one asked for would mislead. */
-static void config_fatal(const char *msg, const char *var, uint64_t asked, uint64_t limit)
+/* A configuration the device cannot honour refuses the device, said once: running on with
+ * a budget other than the one asked for would mislead, and psshim never ends the program
+ * it lives in after start-up, so every allocation on the device fails instead. */
+static bool config_refused(struct device *d, const char *msg, const char *var, uint64_t asked, uint64_t limit)
 {
-  ps_error("%s=%llu bytes %s (%llu bytes): set a smaller value", var, (unsigned long long)asked, msg,
-           (unsigned long long)limit);
-  exit(1);
+  ps_error("%s=%llu bytes %s (%llu bytes): set a smaller value; allocations on device %d fail", var,
+           (unsigned long long)asked, msg, (unsigned long long)limit, d->ordinal);
+  d->refused = true;
+  return false;
 }
 
 static uint64_t physical_ram(void)
@@ -42,20 +44,20 @@ static bool budgets(struct device *d)
   uint64_t chunk = d->chunk_size, gpu;
   if (ps_options.gpu_budget) {
     if (ps_options.gpu_budget > total)
-      config_fatal("is above the device's memory", "PSSHIM_GPU_BUDGET", ps_options.gpu_budget, total);
+      return config_refused(d, "is above the device's memory", "PSSHIM_GPU_BUDGET", ps_options.gpu_budget, total);
     gpu = ps_options.gpu_budget;
   } else if (ps_options.gpu_budget_frac > 0) {
     gpu = (uint64_t)((double)total * ps_options.gpu_budget_frac);
   } else {
     uint64_t reserve = ps_options.gpu_reserve ? ps_options.gpu_reserve : (total / 4 < 2 * GiB ? total / 4 : 2 * GiB);
     if (reserve >= total)
-      config_fatal("leaves nothing of the device's memory", "PSSHIM_GPU_RESERVE", reserve, total);
+      return config_refused(d, "leaves nothing of the device's memory", "PSSHIM_GPU_RESERVE", reserve, total);
     gpu = total - reserve;
   }
   uint64_t ram = physical_ram(), host;
   if (ps_options.host_budget) {
     if (ram && ps_options.host_budget > ram)
-      config_fatal("is above physical memory", "PSSHIM_HOST_BUDGET", ps_options.host_budget, ram);
+      return config_refused(d, "is above physical memory", "PSSHIM_HOST_BUDGET", ps_options.host_budget, ram);
     host = ps_options.host_budget;
   } else {
     host = (uint64_t)((double)ram * (ps_options.host_budget_frac > 0 ? ps_options.host_budget_frac : 0.5));
@@ -76,9 +78,10 @@ static bool budgets(struct device *d)
  * than a chunk leaves its last chunk's tail to smaller tensors; on the 2.68B GPT at 1.25x
  * the budget, 16M chunks were 91.6% full at the peak and 4M ones 96.4%, so the fused AdamW
  * read 9.9 GiB of host frames in place instead of 12.6, and the step took 0.668 s instead
- * of 0.707 (one device call, run 35; 2M: 96.5%, 0.686 s). At 3x the budget 16M was faster
- * with session 10's pager (1.52 against 1.94 s, runs 38 and 37) and with the one that pages
- * the iteration's own allocations (1.520 against 1.696 s, runs 46 and 44): README says so. */
+ * of 0.707 (bench/results/study_run35.json; 2M: 96.5%, 0.686 s). At 3x the budget 16M was
+ * faster, before the pager paged the iteration's own allocations (1.52 against 1.94 s,
+ * paging_sweep_gpt2.7b_run38_16M.json and _run37.json) and after (1.520 against 1.696 s,
+ * study_run46.json and paging_sweep_gpt2.7b_run44.json): README says so. */
 #define PSA_DEFAULT_CHUNK (4ull << 20)
 
 static bool settle_chunk_size(struct device *d)
@@ -91,9 +94,10 @@ static bool settle_chunk_size(struct device *d)
   if (gran && !ps_options.chunk_size)
     d->chunk_size = psc_shardable_chunk_size(PSA_DEFAULT_CHUNK, gran);
   if (gran == 0 || d->chunk_size % gran) {
-    ps_error("PSSHIM_CHUNK_SIZE=%llu is not a multiple of device %d's granularity (%zu bytes)",
-             (unsigned long long)d->chunk_size, d->ordinal, gran);
-    exit(1);
+    ps_error("PSSHIM_CHUNK_SIZE=%llu is not a multiple of device %d's granularity (%zu bytes): allocations on "
+             "it fail", (unsigned long long)d->chunk_size, d->ordinal, gran);
+    d->refused = true;
+    return false;
   }
   return true;
 }

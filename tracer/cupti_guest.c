@@ -3,11 +3,11 @@
  * CUPTI allows one callback subscriber per process and refuses the next with
  * CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED. Under PSSHIM_POLICY=auto psshim holds it
  * from the first allocation, so a profiler started later (torch.profiler's Kineto) was
- * refused and recorded no kernels (on the H200, session 7). psshim's CUPTI doors
- * (shim/cupti_doors.c) send such a subscriber here instead: it gets a stand-in handle,
- * what it enables is enabled on psshim's subscription, and its callbacks are passed on to
- * it. cuptiFinalize would end psshim's observation too, and paging must not go on blind,
- * so while psshim observes it only ends the guest's subscription. */
+ * refused and recorded no kernels (on the H200: bench/results/study_run17.json). psshim's
+ * CUPTI doors (shim/cupti_doors.c) send such a subscriber here instead: it gets a stand-in
+ * handle, what it enables is enabled on psshim's subscription, and its callbacks are
+ * passed on to it. cuptiFinalize would end psshim's observation too, and paging must not
+ * go on blind, so while psshim observes it only ends the guest's subscription. */
 #include "core/core.h"
 #include "tracer/cupti_guest.h"
 #include "tracer/observe.h"
