@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# One device call: the mover against the code before it, side by side on the 2.68B GPT
-# (after `PACK_BASE=<commit> tests/gpu/pack.sh` here; device: bash tests/gpu/mover_ab.sh,
-# carrying .gpu). One native run, then psshim auto (.gpu/libpsshim.so) and the earlier
-# build (.gpu/libpsshim-base.so) at MOVER_AB_RATIOS (default 1.25,3). Results in $OUT:
+# One device call: this build against an earlier one, side by side on the 2.68B GPT (after
+# `PACK_BASE=<commit> tests/gpu/pack.sh` here; device: bash tests/gpu/mover_ab.sh, carrying
+# .gpu; it compared the mover thread with the pager before it, bench/results/mover_ab_*).
+# One native run, then psshim auto (.gpu/libpsshim.so) and the earlier build
+# (.gpu/libpsshim-base.so) at MOVER_AB_RATIOS (default 1.25,3). Results in $OUT:
 # mover_ab.json and .png, mover_ab.log, and the runs' psshim statistics in
 # mover_ab_runs.tar.gz; the table printed last.
 set -uo pipefail
