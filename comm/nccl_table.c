@@ -11,7 +11,7 @@ struct psc_nccl psc_nccl;
 bool psc_nccl_load(void) {
   static bool loaded;
   if (loaded) return true;
-  const char *path = ps_options.nccl_path ? ps_options.nccl_path : "libnccl.so.2";
+  const char *path = ps_options.nccl_path; /* default libnccl.so.2, in core's options table */
   void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!h) {
     psc_errorf("cannot load NCCL (%s) for psshim's own communicator: %s; set PSSHIM_NCCL to "

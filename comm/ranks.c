@@ -8,8 +8,6 @@
 #include "comm/node.h"
 #include "core/core.h"
 
-#define PSC_DEFAULT_TIMEOUT_S 120.0
-
 /* A whole-string decimal integer in [lo, hi]. */
 static bool parse_int(const char *text, long lo, long hi, int *out) {
   if (!text || !*text) return false;
@@ -29,11 +27,6 @@ static bool env_int(const char *name, long lo, long hi, const char *what, int *o
   if (parse_int(text, lo, hi, out)) return true;
   psc_errorf("%s=%s is not %s: expected an integer from %ld to %ld", name, text, what, lo, hi);
   return false;
-}
-
-/* PSSHIM_COMM_TIMEOUT_S, from the options table (core/), which refused a bad value at start. */
-static double comm_timeout(void) {
-  return ps_options.comm_timeout_s > 0 ? ps_options.comm_timeout_s : PSC_DEFAULT_TIMEOUT_S;
 }
 
 /* The job key: every field that tells this job (and restart, and node) from another one
@@ -96,7 +89,7 @@ enum psc_found psc_ranks_read(struct psc_ranks *r) {
   }
   const char *node_var = getenv("GROUP_RANK") ? "GROUP_RANK" : "NODE_RANK";
   if (!env_int(node_var, 0, 1 << 20, "a node rank", &r->node_rank)) return PSC_BAD;
-  r->timeout_s = comm_timeout();
+  r->timeout_s = ps_options.comm_timeout_s; /* core's options table refused a bad value at start */
   if (!job_key(r, r->job_key, sizeof r->job_key)) return PSC_BAD;
   return r->local_world_size == 1 ? PSC_ALONE : PSC_GROUP;
 }

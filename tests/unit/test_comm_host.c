@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "comm/node.h"
+#include "core/core.h"
 #include "rank_procs.h"
 
 #define MIB (1ull << 20)
@@ -185,6 +186,7 @@ static void no_budget_no_limit(void **state) {
 }
 
 int main(void) {
+  ps_options_parse(NULL, 0); /* comm's timeout and NCCL path come from the options table */
   scratch = shared_scratch(sizeof *scratch);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup(concurrent_reservations_stay_within_budget, setup),

@@ -16,6 +16,7 @@
 #include <cmocka.h>
 
 #include "comm/comm.h"
+#include "core/core.h"
 #include "rank_procs.h"
 
 #define NRANKS 3
@@ -102,6 +103,7 @@ static void fds_reach_every_rank(void **state) {
 static int one_dies(int rank, void *arg) {
   int victim = *(int *)arg;
   setenv("PSSHIM_COMM_TIMEOUT_S", "60", 1);
+  ps_options_parse(NULL, 0); /* comm reads it from the options table */
   if (!join()) return 10;
   uint64_t sums[4] = {1, 2, 3, 4};
   bool agree[4];
@@ -131,6 +133,7 @@ static void dead_rank_ends_the_exchange(void **state) {
 }
 
 int main(void) {
+  ps_options_parse(NULL, 0); /* comm's timeout and NCCL path come from the options table */
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(checksums_agree_where_all_equal),
       cmocka_unit_test(fds_reach_every_rank),

@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "comm/comm.h"
+#include "core/core.h"
 #include "rank_procs.h"
 #include "tests/fakecuda/fakecuda.h"
 
@@ -58,6 +59,7 @@ static void gather_after_own_shard_copy(void **state) {
 }
 
 int main(void) {
+  ps_options_parse(NULL, 0); /* comm's timeout and NCCL path come from the options table */
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(gather_after_own_shard_copy),
   };
