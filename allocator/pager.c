@@ -686,15 +686,6 @@ static void stop_paging(const struct ps_moment *l, bool capturing)
     each_device(wait_copies, l, 0);
 }
 
-/* Whether work on stream s is being captured into a graph rather than run (an error
- * counts as yes: psshim must not add events or waits it cannot account for). */
-static bool capturing(uint64_t s)
-{
-  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-  return ps_driver.cuStreamIsCapturing((CUstream)(uintptr_t)s, &status) != CUDA_SUCCESS ||
-         status != CU_STREAM_CAPTURE_STATUS_NONE;
-}
-
 static _Thread_local bool tls_unbracketed; /* this thread's current moment is not bracketed */
 
 #define RUNAHEAD_WAIT_NS 1000000000ull /* the longest the bound holds the host back */
@@ -783,7 +774,9 @@ void psa_on_moment(const struct ps_moment *l, bool enter, uint64_t period)
 {
   struct psa_relaxed relaxed PSA_RELAXED_SCOPE = psa_relax(psa_capture_underway());
   if (enter) {
-    bool capture = l->nptrs && capturing(l->stream);
+    /* Captured work runs later, when the graph replays; a failed query counts as captured:
+     * psshim must not add events or waits it cannot account for. */
+    bool capture = l->nptrs && psa_stream_capture((CUstream)(uintptr_t)l->stream) != 0;
     tls_unbracketed = l->opaque || capture;
     if (tls_unbracketed)
       stop_paging(l, capture);
