@@ -20,6 +20,7 @@
 typedef struct psp_use {
   uint32_t chunk;
   bool written;
+  bool fresh;  /* set by sealing: the chunk held nothing live before (psp_schedule_empty) */
 } psp_use;
 
 typedef struct psp_schedule psp_schedule;
@@ -32,6 +33,12 @@ int psp_schedule_chunk(psp_schedule *s, uint32_t chunk, uint64_t bytes);
 int psp_schedule_moment(psp_schedule *s, uint64_t nonmodel_bytes);
 /* The open moment touches a declared chunk; a repeated touch merges (written is or-ed). */
 int psp_schedule_touch(psp_schedule *s, uint32_t chunk, bool written);
+/* The chunk holds nothing live after moment `after` until moment `before` of the iteration
+ * (before <= after: across the iteration's end), e.g. activations freed and allocated
+ * again. Then its next use is fresh: it needs a frame but nothing copied in, and what it
+ * held before need not be copied out. No use may fall strictly between (sealing fails
+ * with EINVAL, and the schedule stays unsealed). */
+int psp_schedule_empty(psp_schedule *s, uint32_t chunk, uint32_t after, uint32_t before);
 /* Ends building and indexes uses by chunk. Next-use and margin queries need a sealed
  * schedule; a sealed one takes no more moments or touches. */
 int psp_schedule_seal(psp_schedule *s);
@@ -148,5 +155,51 @@ typedef struct psp_sim {
  * first (STATIC keeps the iteration's peak non-model bytes aside instead). */
 int psp_simulate(const psp_schedule *s, uint64_t budget, psp_policy policy,
                  uint32_t iterations, psp_sim *out);
+
+/* ---- plan: when to move what, for an iteration that repeats ---- */
+
+typedef struct psp_costs {
+  double h2d, d2h;  /* copy rates, bytes/s, each direction alone */
+  double both;      /* bytes/s of the two directions together while both copy */
+  double in_place;  /* bytes/s a kernel reads from host memory across PCIe */
+  const uint64_t *moment_ns;  /* each moment's duration (period entries); NULL: default_ns */
+  uint64_t default_ns;
+} psp_costs;
+
+typedef enum psp_dir { PSP_TO_GPU, PSP_TO_HOST } psp_dir;
+
+typedef struct psp_move {
+  uint32_t at;     /* issued before moment `at` of the iteration runs */
+  uint32_t chunk;
+  psp_dir dir;
+  uint32_t need;   /* PSP_TO_GPU: the moment that uses it; < at: the next iteration's */
+  uint64_t bytes;  /* copied: 0 when nothing live needs it (clean, or fresh) */
+} psp_move;
+
+typedef struct psp_plan {
+  psp_move *moves;      /* by `at`; at one moment evictions first, fetches by `need` */
+  size_t n_moves;
+  uint32_t *start;      /* chunks on the GPU as the iteration begins: also where it ends */
+  size_t n_start;
+  uint64_t bytes_in, bytes_out;  /* copied per iteration */
+  uint32_t in_place;    /* moments that read a chunk left in host memory */
+  uint64_t work_ns;     /* the moments' own durations (in-place reads included) */
+  uint64_t step_ns;     /* predicted iteration: the moments plus their waits */
+  uint32_t waits;       /* moments that waited for a fetch still copying */
+  uint64_t wait_ns;
+} psp_plan;
+
+/* A steady plan for a sealed schedule of one iteration under `budget` GPU bytes (each
+ * moment's non-model bytes taken first): OPT demand paging over an iteration that ends
+ * where it began, each eviction issued right after the chunk's last use, each fetch as
+ * early as free frames allow; write-back only of chunks written since they came in, and
+ * nothing copied for fresh uses. With equal chunk sizes it has copied in as few chunks as
+ * any cyclic placement in every case tests/unit/test_plan.c compared exhaustively.
+ * step_ns replays three iterations: moments in order, each waiting for the fetches it
+ * needs; one copy engine per direction, each in issue order, sharing `both` while both
+ * copy. A fetch does not wait for the write-back of the frame it takes (frames are
+ * counted free at the eviction's issue). EINVAL: a rate not above 0. */
+int psp_plan_make(const psp_schedule *s, uint64_t budget, const psp_costs *c, psp_plan *out);
+void psp_plan_free(psp_plan *p);
 
 #endif

@@ -32,7 +32,12 @@ struct psp_schedule {
   bool sealed;
   size_t *at_off;
   uint32_t *at;
+  bool *fresh;    /* parallel to at: the use follows an empty range */
   bool *written;  /* by chunk: some use writes it */
+
+  /* psp_schedule_empty's ranges, checked and turned into fresh uses by sealing */
+  struct empty { uint32_t chunk, after, before; } *empty;
+  size_t n_empty, cap_empty;
   /* sparse[l * n_blocks + b]: the most non-model bytes over blocks [b, b + 2^l) */
   uint64_t *sparse;
   uint32_t n_blocks;
@@ -73,7 +78,9 @@ void psp_schedule_free(psp_schedule *s)
   free(s->nonmodel);
   free(s->at_off);
   free(s->at);
+  free(s->fresh);
   free(s->written);
+  free(s->empty);
   free(s->sparse);
   free(s);
 }
@@ -146,6 +153,54 @@ int psp_schedule_touch(psp_schedule *s, uint32_t chunk, bool written)
   return 0;
 }
 
+int psp_schedule_empty(psp_schedule *s, uint32_t chunk, uint32_t after, uint32_t before)
+{
+  if (s->sealed || chunk >= s->n_chunks || !s->bytes[chunk]) { errno = EINVAL; return -1; }
+  if (s->n_empty == s->cap_empty) {
+    size_t cap = next_cap(s->cap_empty, s->n_empty + 1);
+    struct empty *e = resize(s->empty, cap, sizeof *e);
+    if (!e) return -1;
+    s->empty = e;
+    s->cap_empty = cap;
+  }
+  s->empty[s->n_empty++] = (struct empty){chunk, after, before};
+  return 0;
+}
+
+/* Index in at[] of the chunk's first use at or after moment t of the iteration, or
+ * off[chunk + 1] when it has none there. */
+static size_t first_at(const size_t *off, const uint32_t *at, uint32_t chunk, uint32_t t)
+{
+  size_t lo = off[chunk], hi = off[chunk + 1];
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (at[mid] < t) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+/* Marks the use after each empty range fresh, in at[] order (fresh) and in moment order
+ * (use_of: at[] index -> use[] index). False: a range is out of the iteration or has a
+ * use inside it. */
+static bool mark_fresh(psp_schedule *s, const size_t *off, const uint32_t *at, const size_t *use_of, bool *fresh)
+{
+  uint32_t period = s->n_moments;
+  for (size_t i = 0; i < s->n_empty; i++) {
+    const struct empty *e = &s->empty[i];
+    if (e->after >= period || e->before >= period) return false;
+    if (off[e->chunk] == off[e->chunk + 1]) continue;  /* never used: nothing to mark */
+    size_t k = first_at(off, at, e->chunk, e->after + 1);
+    uint64_t next = k < off[e->chunk + 1] ? at[k] : (uint64_t)period + at[off[e->chunk]];
+    if (k == off[e->chunk + 1]) k = off[e->chunk];  /* wraps into the next iteration */
+    uint64_t end = e->before > e->after ? e->before : (uint64_t)e->before + period;
+    if (next < end) return false;  /* a use while it holds nothing live */
+    fresh[k] = true;
+    s->use[use_of[k]].fresh = true;
+  }
+  return true;
+}
+
 static uint32_t log2_floor(uint32_t x)
 {
   uint32_t l = 0;
@@ -157,14 +212,19 @@ int psp_schedule_seal(psp_schedule *s)
 {
   if (s->sealed) { errno = EINVAL; return -1; }
   size_t *off = calloc((size_t)s->n_chunks + 1, sizeof *off);
-  uint32_t *at = malloc((s->n_use ? s->n_use : 1) * sizeof *at);
+  size_t n_use = s->n_use ? s->n_use : 1;
+  uint32_t *at = malloc(n_use * sizeof *at);
+  bool *fresh = calloc(n_use, sizeof *fresh);
+  size_t *use_of = malloc(n_use * sizeof *use_of);
   bool *written = calloc(s->n_chunks ? s->n_chunks : 1, sizeof *written);
   s->n_blocks = (s->n_moments + BLOCK - 1) / BLOCK;
   uint32_t levels = s->n_blocks ? log2_floor(s->n_blocks) + 1 : 0;
   uint64_t *sparse = malloc(((size_t)levels * s->n_blocks + 1) * sizeof *sparse);
-  if (!off || !at || !written || !sparse) {
+  if (!off || !at || !fresh || !use_of || !written || !sparse) {
     free(off);
     free(at);
+    free(fresh);
+    free(use_of);
     free(written);
     free(sparse);
     return -1;
@@ -177,9 +237,25 @@ int psp_schedule_seal(psp_schedule *s)
   for (uint32_t c = 0; c < s->n_chunks; c++) fill[c] = off[c];
   for (uint32_t t = 0; t < s->n_moments; t++)
     for (size_t u = s->moment_off[t]; u < s->moment_off[t + 1]; u++) {
+      use_of[fill[s->use[u].chunk]] = u;
       at[fill[s->use[u].chunk]++] = t;
       written[s->use[u].chunk] |= s->use[u].written;
     }
+  bool ranges_ok = mark_fresh(s, off, at, use_of, fresh);
+  free(use_of);
+  if (!ranges_ok) {  /* stays unsealed: restore the open moment's touch index */
+    for (size_t u = 0; u < s->n_use; u++) s->use[u].fresh = false;
+    for (uint32_t c = 0; c < s->n_chunks; c++) fill[c] = NONE;
+    for (size_t u = s->n_moments ? s->moment_off[s->n_moments - 1] : 0; u < s->n_use; u++)
+      fill[s->use[u].chunk] = u;
+    free(off);
+    free(at);
+    free(fresh);
+    free(written);
+    free(sparse);
+    errno = EINVAL;
+    return -1;
+  }
   free(s->open_use);
   s->open_use = NULL;
 
@@ -198,6 +274,7 @@ int psp_schedule_seal(psp_schedule *s)
 
   s->at_off = off;
   s->at = at;
+  s->fresh = fresh;
   s->written = written;
   s->sparse = sparse;
   s->sealed = true;
@@ -236,21 +313,26 @@ uint32_t psp_schedule_use_count(const psp_schedule *s, uint32_t chunk, bool *wri
   return known ? (uint32_t)(s->at_off[chunk + 1] - s->at_off[chunk]) : 0;
 }
 
-uint64_t psp_use_from(const psp_schedule *s, uint32_t chunk, uint64_t m)
+uint64_t psp_use_fresh_from(const psp_schedule *s, uint32_t chunk, uint64_t m, bool *fresh)
 {
   assert(s->sealed);
+  if (fresh) *fresh = false;
   if (chunk >= s->n_chunks || m == PSP_NEVER) return PSP_NEVER;
-  size_t lo = s->at_off[chunk], hi = s->at_off[chunk + 1];
-  if (lo == hi) return PSP_NEVER;
-  uint64_t period = s->n_moments, base = m - m % period, t = m % period;
-  size_t first = lo;
-  while (lo < hi) {  /* first use at or after t within the iteration */
-    size_t mid = lo + (hi - lo) / 2;
-    if (s->at[mid] < t) lo = mid + 1;
-    else hi = mid;
+  size_t first = s->at_off[chunk], end = s->at_off[chunk + 1];
+  if (first == end) return PSP_NEVER;
+  uint64_t period = s->n_moments, base = m - m % period;
+  size_t k = first_at(s->at_off, s->at, chunk, (uint32_t)(m % period));
+  if (k == end) {  /* wraps into the next iteration */
+    k = first;
+    base += period;
   }
-  if (lo < s->at_off[chunk + 1]) return base + s->at[lo];
-  return base + period + s->at[first];  /* wraps into the next iteration */
+  if (fresh) *fresh = s->fresh[k];
+  return base + s->at[k];
+}
+
+uint64_t psp_use_from(const psp_schedule *s, uint32_t chunk, uint64_t m)
+{
+  return psp_use_fresh_from(s, chunk, m, NULL);
 }
 
 uint64_t psp_next_use(const psp_schedule *s, uint32_t chunk, uint64_t m)
