@@ -492,6 +492,7 @@ static bool predict(const psp_schedule *s, const psp_costs *c, const uint64_t *i
       double own = (double)(c->moment_ns ? c->moment_ns[t] : c->default_ns), read = (double)in_place[t] / c->in_place * 1e9;
       dur[t] = own > read ? own : read;  /* reading host memory in place takes at least its bytes' time */
       pl->work_ns += ns(dur[t]);
+      pl->bytes_in_place += in_place[t];
     }
     for (int lap = 0; lap < REPLAYS; lap++) {
       double start = r.now;

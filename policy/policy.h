@@ -183,6 +183,7 @@ typedef struct psp_plan {
   size_t n_start;
   uint64_t bytes_in, bytes_out;  /* copied per iteration */
   uint32_t in_place;    /* moments that read a chunk left in host memory */
+  uint64_t bytes_in_place;  /* the bytes of those chunks, each moment's counted */
   uint64_t work_ns;     /* the moments' own durations (in-place reads included) */
   uint64_t step_ns;     /* predicted iteration: the moments plus their waits */
   uint32_t waits;       /* moments that waited for a fetch still copying */
