@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "policy/policy.h"
 #include "tracer/tracer.h"
 
 /* A trace read whole, events sorted by time (file order among equal times). */
@@ -114,7 +115,7 @@ bool rp_sites_build(const struct rp_trace *t, const struct rp_chunks *cs, struct
 void rp_sites_free(struct rp_sites *sites);
 
 /* ---- derived: the recorded accesses of one window of the run ---- */
-struct rp_access_op { uint32_t alloc; bool free; };
+struct rp_access_op { uint32_t alloc; bool free; uint64_t ts; };
 struct rp_access_alloc {
   uint64_t size;
   /* the window's moments after which it holds data a kernel may read: -1 from before the
@@ -146,6 +147,12 @@ void rp_accesses_free(struct rp_accesses *a);
 bool rp_text(const struct rp_trace *t, const struct rp_chunks *cs, FILE *out);
 bool rp_perfetto(const struct rp_trace *t, const char *path);
 bool rp_html(const struct rp_trace *t, const struct rp_chunks *cs, const struct rp_accesses *a, const char *path);
+/* The recorded accesses packed first-fit into chunks of chunk_size, as the allocator
+ * would, as a sealed schedule; every touch counts as a write (the trace does not say
+ * which pointers a kernel wrote), and a chunk is empty (psp_schedule_empty) between the
+ * last touch of what was freed in it and the first touch of what was allocated in it.
+ * Sets *chunks and the chunks' peak *footprint. NULL: out of memory. */
+psp_schedule *rp_schedule(const struct rp_accesses *a, uint64_t chunk_size, size_t *chunks, uint64_t *footprint);
 /* Replays the recorded accesses with each chunk size in sizes[0..n) at budget bytes. */
 bool rp_chunk_advice(const struct rp_accesses *a, const uint64_t *sizes, size_t n, uint64_t budget,
                      FILE *out);
@@ -154,6 +161,9 @@ bool rp_chunk_advice(const struct rp_accesses *a, const uint64_t *sizes, size_t 
  * *read_all (report_least.c says why it is a bound). False: out of memory. */
 bool rp_least_bound(const struct rp_accesses *a, const uint64_t *budgets, size_t n, uint64_t *best,
                     uint64_t *read_all);
+/* A PLAN section: policy/'s steady plan for the accesses' window at the run's budget
+ * and chunk size, beside the least traffic and what the run paged then. */
+bool rp_plan(const struct rp_trace *t, const struct rp_accesses *a, FILE *out);
 /* The same as a LEAST TRAFFIC section; t gives what was paged in then. */
 bool rp_least_traffic(const struct rp_trace *t, const struct rp_accesses *a, const uint64_t *budgets, size_t n,
                       FILE *out);

@@ -79,7 +79,7 @@ bool rp_accesses_gather(const struct rp_trace *t, struct rp_accesses *a) {
     if (r->type == PST_REC_ALLOC && r->alloc.size) {
       const uint32_t id = (uint32_t)a->nallocs;
       PUSH(a->alloc, a->nallocs, cap_alloc, ((struct rp_access_alloc){ r->alloc.size, INT64_MAX }));
-      PUSH(a->ops, a->nops, cap_ops, ((struct rp_access_op){ id, false }));
+      PUSH(a->ops, a->nops, cap_ops, ((struct rp_access_op){ id, false, r->ts_ns }));
       PUSH(live, nlive, cap_live, ((struct live){ 0 }));
       const size_t at = live_find(live, nlive - 1, r->alloc.addr);
       memmove(&live[at + 1], &live[at], (nlive - 1 - at) * sizeof *live);
@@ -87,7 +87,7 @@ bool rp_accesses_gather(const struct rp_trace *t, struct rp_accesses *a) {
     } else if (r->type == PST_REC_FREE) {
       const size_t at = live_find(live, nlive, r->free.addr);
       if (at == 0 || live[at - 1].addr != r->free.addr) continue; /* not one of ours */
-      PUSH(a->ops, a->nops, cap_ops, ((struct rp_access_op){ live[at - 1].alloc, true }));
+      PUSH(a->ops, a->nops, cap_ops, ((struct rp_access_op){ live[at - 1].alloc, true, r->ts_ns }));
       memmove(&live[at - 1], &live[at], (nlive - at) * sizeof *live);
       nlive--;
     } else if (r->type == PST_REC_LAUNCH && r->ts_ns < a->from) {

@@ -157,10 +157,74 @@ static int simulate_last(const psp_schedule *s, uint64_t budget, psp_policy pol,
   return 0;
 }
 
-static bool replay(const struct rp_accesses *a, uint64_t chunk_size, uint64_t budget, uint32_t iterations,
-                   struct result *res) {
+/* ---- what each chunk holds live over the window ---- */
+struct live_span { uint32_t chunk; int64_t from, to; }; /* moments; from -1: held before the window */
+
+static int by_chunk_start(const void *a, const void *b) {
+  const struct live_span *x = a, *y = b;
+  if (x->chunk != y->chunk) return x->chunk < y->chunk ? -1 : 1;
+  return (x->from > y->from) - (x->from < y->from);
+}
+
+/* Each allocation's live span in the window: from its first touch (-1 when it held data
+ * before) to its last touch when freed within the window, else to the window's end.
+ * One span per allocation that holds data read in the window. */
+static size_t live_spans(const struct rp_accesses *a, const struct packing *p, struct live_span *span,
+                         int64_t *last) {
+  const int64_t end = (int64_t)a->nmoments - 1;
+  uint64_t *born = calloc(a->nallocs + 1, sizeof *born), *freed = malloc((a->nallocs + 1) * sizeof *freed);
+  size_t n = 0;
+  if (!born || !freed) {
+    free(born);
+    free(freed);
+    return SIZE_MAX;
+  }
+  for (size_t x = 0; x < a->nallocs; x++) freed[x] = UINT64_MAX, last[x] = -1;
+  for (size_t i = 0; i < a->nops; i++) *(a->ops[i].free ? &freed[a->ops[i].alloc] : &born[a->ops[i].alloc]) = a->ops[i].ts;
+  for (size_t m = 0; m < a->nmoments; m++)
+    for (size_t k = a->first[m]; k < a->first[m + 1]; k++) last[a->touch[k]] = (int64_t)m;
+  for (size_t x = 0; x < a->nallocs; x++) {
+    const int64_t holds = a->alloc[x].holds_from;
+    const bool gone = freed[x] < a->to;
+    if (freed[x] < a->from || born[x] >= a->to) continue; /* not there in the window */
+    if (holds == INT64_MAX && (born[x] >= a->from || gone)) continue; /* never read in it */
+    if (gone && last[x] < 0) continue;
+    span[n++] = (struct live_span){ p->chunk_of[x], holds == INT64_MAX ? -1 : holds, gone ? last[x] : end };
+  }
+  free(born);
+  free(freed);
+  return n;
+}
+
+/* Declares the gaps between a chunk's live spans empty, and the one across the
+ * iteration's end unless the chunk holds data from before the window then. -1: out of
+ * memory or refused. */
+static int declare_empty(psp_schedule *s, const struct rp_accesses *a, const struct packing *p) {
+  struct live_span *span = malloc((a->nallocs + 1) * sizeof *span);
+  int64_t *last = malloc((a->nallocs + 1) * sizeof *last);
+  size_t n = span && last ? live_spans(a, p, span, last) : SIZE_MAX;
+  int rc = n == SIZE_MAX ? -1 : 0;
+  if (rc == 0) qsort(span, n, sizeof *span, by_chunk_start);
+  const int64_t end = (int64_t)a->nmoments - 1;
+  for (size_t i = 0; i < n && rc == 0;) {
+    size_t j = i;
+    int64_t reach = span[i].to; /* the merged spans' end so far */
+    for (; j + 1 < n && span[j + 1].chunk == span[i].chunk; j++) {
+      if (span[j + 1].from > reach) rc = psp_schedule_empty(s, span[i].chunk, (uint32_t)reach, (uint32_t)span[j + 1].from);
+      if (span[j + 1].to > reach) reach = span[j + 1].to;
+    }
+    if (rc == 0 && span[i].from >= 0 && (reach < end || span[i].from > 0)) /* across the end */
+      rc = psp_schedule_empty(s, span[i].chunk, (uint32_t)reach, (uint32_t)span[i].from);
+    i = j + 1;
+  }
+  free(span);
+  free(last);
+  return rc;
+}
+
+psp_schedule *rp_schedule(const struct rp_accesses *a, uint64_t chunk_size, size_t *chunks, uint64_t *footprint) {
   struct packing p;
-  if (!pack(a, chunk_size, &p)) return false;
+  if (!pack(a, chunk_size, &p)) return NULL;
   psp_schedule *s = psp_schedule_new();
   int rc = s ? 0 : -1;
   for (size_t c = 0; c < p.n && rc == 0; c++) rc = psp_schedule_chunk(s, (uint32_t)c, p.c[c].size);
@@ -169,12 +233,24 @@ static bool replay(const struct rp_accesses *a, uint64_t chunk_size, uint64_t bu
     for (size_t k = a->first[m]; k < a->first[m + 1] && rc == 0; k++)
       rc = psp_schedule_touch(s, p.chunk_of[a->touch[k]], true);
   }
+  if (rc == 0 && a->nmoments) rc = declare_empty(s, a, &p);
   if (rc == 0) rc = psp_schedule_seal(s);
-  *res = (struct result){ .chunk_size = chunk_size, .chunks = p.n, .footprint = p.peak_footprint };
+  *chunks = p.n;
+  *footprint = p.peak_footprint;
+  packing_free(&p);
+  if (rc == 0) return s;
+  psp_schedule_free(s);
+  return NULL;
+}
+
+static bool replay(const struct rp_accesses *a, uint64_t chunk_size, uint64_t budget, uint32_t iterations,
+                   struct result *res) {
+  *res = (struct result){ .chunk_size = chunk_size };
+  psp_schedule *s = rp_schedule(a, chunk_size, &res->chunks, &res->footprint);
+  int rc = s ? 0 : -1;
   if (rc == 0) rc = simulate_last(s, budget, PSP_POLICY_OPT, iterations, &res->opt);
   if (rc == 0) rc = simulate_last(s, budget, PSP_POLICY_LRU, iterations, &res->lru);
   psp_schedule_free(s);
-  packing_free(&p);
   return rc == 0;
 }
 

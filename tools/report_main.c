@@ -16,8 +16,9 @@ static void usage(FILE *f) {
           "time per phase (warm-up, steady and later iterations), a DATA MOVE table of every kind of\n"
           "transfer, the top allocation sites (where their bytes were at the last peak of live\n"
           "bytes, and how often kernels named them while they sat in host frames), where each\n"
-          "chunk lived, and LEAST TRAFFIC: a lower bound on what any placement must bring onto\n"
-          "the GPU in a steady iteration at the run's budget.\n"
+          "chunk lived, LEAST TRAFFIC: a lower bound on what any placement must bring onto\n"
+          "the GPU in a steady iteration at the run's budget, and PLAN: what policy/'s plan for\n"
+          "that iteration would copy and how long it would take.\n"
           "\n"
           "options:\n"
           "  --perfetto OUT.json    Chrome trace-event JSON: open it in ui.perfetto.dev or\n"
@@ -124,6 +125,7 @@ int main(int argc, char **argv) {
   ok = ok && rp_accesses_gather(&t, &acc);
   if (ok) ok = least ? rp_least_traffic(&t, &acc, least, nleast, stdout)
                     : rp_least_traffic(&t, &acc, &t.hdr.gpu_budget, t.hdr.gpu_budget != 0, stdout);
+  if (ok) ok = rp_plan(&t, &acc, stdout);
   if (ok && sizes) ok = rp_chunk_advice(&acc, sizes, nsizes, budget, stdout);
   if (ok && perfetto) ok = rp_perfetto(&t, perfetto);
   if (ok && html) ok = rp_html(&t, &cs, &acc, html);
