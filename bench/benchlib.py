@@ -12,6 +12,7 @@ import math
 import os
 import re
 import statistics
+import subprocess
 import tempfile
 import threading
 import time
@@ -110,6 +111,39 @@ def write_json(path: str, obj) -> None:
         json.dump(obj, f, indent=1)
         f.write("\n")
     os.replace(tmp, path)
+
+
+def spawn(argv: Sequence[str], env: dict, log_path: str, header: str) -> subprocess.Popen:
+    """argv started in its own session (so its whole process group can be stopped), stdout
+    and stderr to log_path after a '# header' line."""
+    os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+    with open(log_path, "w") as log:
+        log.write(f"# {header}\n")
+        log.flush()
+        return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+NO_PLOT = "matplotlib is not installed: no plot"
+
+
+def pyplot():
+    """matplotlib.pyplot drawing without a display, or None where matplotlib is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def save_figure(fig, ax, path: str) -> None:
+    """The legend, then the figure as a PNG at path (its folder made), then closed."""
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=120)
+    pyplot().close(fig)
 
 
 def load_json(path: str):

@@ -220,20 +220,14 @@ def plan(a, peak: int | None) -> list:
 
 def execute(run: Run, timeout: float) -> dict:
     """Run one gpt_train.py subprocess (own process group) and return the raw outcome."""
-    os.makedirs(os.path.dirname(run.log_path), exist_ok=True)
-    env = dict(os.environ, **run.env)
     start = time.time()
-    with open(run.log_path, "w") as log:
-        log.write(f"# {run.shell()}\n")
-        log.flush()
-        proc = subprocess.Popen(run.argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        timed_out = False
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            rc = stop_process_group(proc)
+    proc = benchlib.spawn(run.argv, dict(os.environ, **run.env), run.log_path, run.shell())
+    timed_out = False
+    try:
+        rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        rc = stop_process_group(proc)
     return {"returncode": rc, "timed_out": timed_out, "wall_s": time.time() - start,
             "started": start}
 
@@ -483,12 +477,9 @@ def pager_table(sweep: dict) -> str | None:
 def plot(sweep: dict, path: str) -> str | None:
     """Step time vs ratio per method, with each method's lower bound (and for psshim's, native
     step plus the link time of the bytes NVML saw cross, and its serial bound); None when done."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed: no plot"
+    plt = benchlib.pyplot()
+    if plt is None:
+        return benchlib.NO_PLOT
     fig, ax = plt.subplots(figsize=(9, 5.5))
     native_step = sweep["native"].get("median_step_s")
     if native_step:
@@ -528,11 +519,7 @@ def plot(sweep: dict, path: str) -> str | None:
     ax.set_title(f"{sweep['preset']}: L={cfg.get('layers')} h={cfg.get('hidden')} "
                  f"s={cfg.get('seq')} B={cfg.get('batch')}; "
                  f"native peak {benchlib.gib(sweep.get('peak_bytes'))} GiB", fontsize=10)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    benchlib.save_figure(fig, ax, path)
     return None
 
 
