@@ -531,13 +531,16 @@ class Session:
         ok = [self.by_name[r["rung"]] for r in self.rows(label) if r["status"] == "ok" and r["rung"] in self.by_name]
         return max(ok, key=lambda r: r.params, default=None)
 
-    def refs(self, method: str) -> None:
-        """The method at each --refs method's largest rung, where that is not above its own."""
+    def refs(self, method: str, first: bool = False) -> None:
+        """The method at each --refs method's largest rung, where that is not above its own
+        largest (first: before its search, where its estimate says it likely fits)."""
         label = label_of(method, self.a.psshim_env)
         for ref in self.a.refs:
             target, mine = self.largest(ref), self.largest(label)
-            done = {r["rung"] for r in self.rows(label)}
-            if ref != label and target and mine and target.params <= mine.params and target.name not in done:
+            if ref == label or not target or target.name in {r["rung"] for r in self.rows(label)}:
+                continue
+            if (estimate(method, target, self.a, self.machine, self.a.psshim_env, self.psshim_seen)["verdict"]
+                    == "likely" if first else mine and target.params <= mine.params):
                 self.probe(method, target)
 
 
@@ -765,6 +768,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--refs", default="native,fsdp-offload",
                    help="after the searches, each method also runs at these methods' largest rungs, where "
                         "not above its own; '' for none (default: native,fsdp-offload)")
+    p.add_argument("--refs-first", action="store_true",
+                   help="run those before the searches, where the estimate says the method likely fits "
+                        "(the --refs sizes must be known: from --prior or an earlier method of the call)")
     p.add_argument("--prior", nargs="*", default=[], metavar="JSON",
                    help="earlier calls' results: their outcomes guide the search and give the --refs sizes")
     p.add_argument("--psshim-lib", help="libpsshim.so to preload (required by the psshim method)")
@@ -856,6 +862,8 @@ def main(argv=None) -> int:
         for method, name in a.only:
             session.probe(method, session.by_name[name])
         if not a.only:
+            for method in a.methods if a.refs_first else []:
+                session.refs(method, first=True)
             for method in a.methods:
                 session.search(method)
             for method in a.methods:

@@ -160,6 +160,13 @@ with tempfile.TemporaryDirectory() as tmp:
     assert last[-6].startswith("method") and last[-2].split()[:2] == ["deepspeed-offload", "not"], last[-6:]
     assert open(os.path.join(tmp, "a.txt")).read().rstrip().endswith(text.rstrip().splitlines()[-1])
 
+    # --refs-first, from a call that found native's and FSDP's largest: those two first.
+    n, _ = call(tmp, "n", "--methods", "native,fsdp-offload", env=env)
+    r, _ = call(tmp, "r", "--methods", "psshim", "--psshim-lib", lib, "--refs-first", "--prior",
+                os.path.join(tmp, "n.json"), env=dict(env, FAKE_HOST_BUDGET=str(64 * GIB)))
+    assert [x["rung"] for x in r["probes"][:2]] == ["L38h3456", "L35h3200"], r["probes"]
+    assert r["summary"]["psshim"]["largest"] == "L46h4608", r["summary"]
+
     # Each way of failing, one probe each (--only).
     def fails(mode, *args, **extra):
         env = {"FAKE_LIMITS": "", "FAKE_FAILS": f"native:{mode},psshim:{mode}", **extra}
