@@ -76,8 +76,9 @@ FAILS = ("oom-gpu", "oom-host", "oom-budgets", "killed", "timeout", "nonfinite")
 PSSHIM_OOM = re.compile(r"psshim:.*out of memory.*budget.*", re.IGNORECASE)
 HOST_OOM = re.compile(r"can't allocate memory|cannot allocate memory|\bMemoryError\b|pin_memory|HostAllocator",
                       re.IGNORECASE)  # \b: not torch's OutOfMemoryError
-# The lent H200 (tests/gpu/model_scale.sh): what --dry-run assumes where there is no GPU.
+# The lent H200 and its host (tests/gpu/model_scale.sh): what --dry-run assumes where there is no GPU.
 ASSUMED_GPU = ("NVIDIA H200 (assumed: no nvidia-smi here)", 143771 << 20)
+ASSUMED_HOST = 128 * benchlib.GIB
 
 
 # ----------------------------------------------------------------------------- the ladder
@@ -180,34 +181,34 @@ def gpu_info() -> tuple | None:
 
 def machine_info(a) -> dict:
     """What the estimates assume and what was seen: GPU, host memory, limits."""
-    gpu = gpu_info()
+    gpu, mem = gpu_info(), meminfo()
+    host = (a.host_mem, "--host-mem") if a.host_mem else (cgroup_limit(), "cgroup limit") if cgroup_limit() \
+        else (mem.get("MemTotal"), "MemTotal")
     if a.gpu_mem:
         gpu = (gpu[0] if gpu else "GPU", a.gpu_mem)
     elif gpu is None:
         if not a.dry_run:
             raise SystemExit("model_scale: nvidia-smi does not answer: give --gpu-mem")
-        gpu = ASSUMED_GPU
-    mem = meminfo()
-    host = a.host_mem or cgroup_limit() or mem.get("MemTotal")
+        gpu, host = ASSUMED_GPU, host if a.host_mem else (ASSUMED_HOST, "assumed: the lent H200's host")
     memlock = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-    return {"gpu_name": gpu[0], "gpu_bytes": gpu[1], "host_bytes": host,
-            "host_bytes_source": "--host-mem" if a.host_mem else "cgroup limit" if cgroup_limit()
-            else "MemTotal", "mem_total_at_start": mem.get("MemTotal"),
+    return {"gpu_name": gpu[0], "gpu_bytes": gpu[1], "host_bytes": host[0], "host_bytes_source": host[1],
+            "mem_total_at_start": mem.get("MemTotal"),
             "cgroup_limit": cgroup_limit(), "cpus": os.cpu_count(),
             "memlock_rlimit": [None if v == resource.RLIM_INFINITY else v for v in memlock],
             "host_reserve": a.host_reserve, "host_guard": a.host_guard}
 
 
 def psshim_budgets(machine: dict, env: dict, seen: dict | None) -> tuple:
-    """psshim's (GPU, host) budgets: those its statistics reported, else its defaults (the
-    host one from PSSHIM_HOST_BUDGET when --psshim-env gives it)."""
+    """psshim's (GPU, host) budgets and where they come from: those its statistics reported,
+    else PSSHIM_GPU_BUDGET and PSSHIM_HOST_BUDGET from --psshim-env, else its defaults (README:
+    the device's memory less min(2 GiB, a quarter); 50% of the host's)."""
     if seen and seen.get("gpu_budget") and seen.get("host_budget"):
         return seen["gpu_budget"], seen["host_budget"], "reported by psshim"
     g, host = machine["gpu_bytes"], machine["host_bytes"]
-    text = env.get("PSSHIM_HOST_BUDGET", "50%")
-    hb = int(host * float(text[:-1]) / 100) if text.endswith("%") else benchlib.parse_size(text)
-    return g - min(2 * benchlib.GIB, g // 4), hb, "psshim's defaults" if "PSSHIM_HOST_BUDGET" not in env \
-        else "PSSHIM_HOST_BUDGET"
+    size = lambda text, total: int(total * float(text[:-1]) / 100) if text.endswith("%") else benchlib.parse_size(text)
+    gb = size(env["PSSHIM_GPU_BUDGET"], g) if "PSSHIM_GPU_BUDGET" in env else g - min(2 * benchlib.GIB, g // 4)
+    given = [k for k in ("PSSHIM_GPU_BUDGET", "PSSHIM_HOST_BUDGET") if k in env]
+    return gb, size(env.get("PSSHIM_HOST_BUDGET", "50%"), host), " and ".join(given) or "psshim's defaults"
 
 
 def activations(r: Rung, a) -> tuple:
@@ -380,7 +381,8 @@ def classify(outcome: dict, result: dict | None, log: str, steps: int, cut: bool
             ("timeout", f"no {steps} steps within the timeout ({len(result.get('loss', []))} made)")
     if stopped:
         return "oom-host", f"stopped: {stopped}"
-    if psshim_line:
+    failed = result.get("oom") or rc != 0
+    if psshim_line and failed:  # an allocation torch retried after freeing its cache may say it too
         return "oom-budgets", psshim_line.group(0).strip()
     if result.get("oom") or rc == benchlib.EXIT_OOM:
         host = HOST_OOM.search(error + log[-4000:])
@@ -393,7 +395,7 @@ def classify(outcome: dict, result: dict | None, log: str, steps: int, cut: bool
     bad = [i for i, v in enumerate(losses) if not isinstance(v, (int, float)) or not math.isfinite(v)]
     if bad:
         return "nonfinite", f"loss not finite at step(s) {bad}"
-    return "ok", None
+    return "ok", psshim_line and f"trained, though it logged: {psshim_line.group(0).strip()}"
 
 
 # ----------------------------------------------------------------------------- the search

@@ -40,6 +40,9 @@ if "PSSHIM_STATS" in os.environ:
     json.dump({"gpu_budget": int(138.4 * 2**30), "host_budget": int(os.environ.get("FAKE_HOST_BUDGET", 64 << 30)),
                "peak_host_bytes": 5 << 30}, open(os.environ["PSSHIM_STATS"], "w"))
 ok = a.hidden <= limit
+if os.environ.get("FAKE_BUDGET_LINE"):  # as when torch retries an allocation psshim could not serve
+    print("psshim: out of memory on device 0: 2097152 bytes asked; GPU budget (1 MiB) and host budget (1 MiB) "
+          "are both in use (PSSHIM_GPU_BUDGET, PSSHIM_HOST_BUDGET)", file=sys.stderr)
 for step in range(a.steps):
     if not ok and step == 1:
         if fail == "kill":
@@ -177,6 +180,8 @@ with tempfile.TemporaryDirectory() as tmp:
     b = fails("budgets", "--only", "psshim:L32h2560", "--psshim-lib", lib)
     assert b["status"] == "oom-budgets" and "both in use" in b["reason"], b
     assert fails("kill")["status"] == "killed"
+    w = fails("gpu", FAKE_LIMITS="native:9999", FAKE_BUDGET_LINE="1")
+    assert w["status"] == "ok" and "both in use" in w["reason"], w
     assert fails("nan")["status"] == "nonfinite"
     assert fails("error")["status"] == "error"
     t = fails("hang", "--timeout", "2")
