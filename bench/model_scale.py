@@ -36,7 +36,8 @@ allocation on the host failed, or host memory in use came within --host-guard of
 killed (SIGKILL not sent here: the host's OOM killer, most likely), timeout, nonfinite
 (a loss not finite), error (which stops that method's search: not a size limit), cut (the
 call's --max-total-s ran out during it), skipped. Then each method runs at the largest
-rung of each --refs method where it fits (e.g. psshim at native's largest).
+rung of each --refs method where it fits (e.g. psshim at native's largest; with --refs-first
+before its search, where its estimate says it likely fits).
 
 Every probe records the build commit ($MODEL_SCALE_COMMIT, else `git rev-parse HEAD` of
 this checkout with +dirty for uncommitted changes, else "unknown"), its exact command, the

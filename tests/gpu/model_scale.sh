@@ -4,9 +4,9 @@
 #   tests/gpu/pack.sh && git describe --always --dirty > .gpu/commit
 # then device calls carrying .gpu, in this order (timeout_s: the part's limit plus 60):
 #   A  native, then FSDP2 CPU offload from L38h3712 (6.53B)      MODEL_SCALE_PART=A bash tests/gpu/model_scale.sh
-#      (limit 300 s)
+#      (limit 340 s)
 #   B  psshim at its defaults: first at A's largest rungs, then  MODEL_SCALE_PART=B bash tests/gpu/model_scale.sh
-#      its search (limit 400 s); before it, copy A's returned model_scale_A.json into .gpu/
+#      its search (limit 380 s); before it, copy A's returned model_scale_A.json into .gpu/
 #   C  optional: DeepSpeed ZeRO-Offload from L38h3584 (6.09B)    MODEL_SCALE_PART=C bash tests/gpu/model_scale.sh
 #      (limit 300 s, its install included): bench/deepspeed/fetch_wheels.sh here, carry
 #      bench/deepspeed/wheels too, and copy A's and B's JSON into .gpu/
@@ -31,8 +31,8 @@ log=$OUT/model_scale_$P.log
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   grep -E "^(MemTotal|MemAvailable)" /proc/meminfo; echo "memlock: $(ulimit -l)"; } >"$log" 2>&1
 case $P in
-  A) args=(--methods "native,fsdp-offload" --start fsdp-offload=L38h3712) max=300 timeout=200 ;;
-  B) args=(--methods psshim --psshim-lib "$G/libpsshim.so" --refs-first) max=400 timeout=300 ;;
+  A) args=(--methods "native,fsdp-offload" --start fsdp-offload=L38h3712) max=340 timeout=200 ;;
+  B) args=(--methods psshim --psshim-lib "$G/libpsshim.so" --refs-first) max=380 timeout=300 ;;
   C) args=(--methods deepspeed-offload --start deepspeed-offload=L38h3584) max=300 timeout=200
      t0=$SECONDS
      if ls bench/deepspeed/wheels/deepspeed-*.whl >/dev/null 2>&1; then
