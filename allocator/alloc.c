@@ -61,6 +61,7 @@ CUresult psa_alloc(int ordinal, size_t size, CUstream stream, CUdeviceptr *p)
   *p = 0;
   if (size == 0)
     return CUDA_SUCCESS;
+  psa_meet_ranks();
   uint64_t capture = psa_stream_capture(stream);
   struct psa_relaxed relaxed PSA_RELAXED_SCOPE = psa_relax(capture || psa_capture_underway());
   psa_placing_capture(capture);
@@ -134,6 +135,7 @@ CUresult psa_free(CUdeviceptr p, CUstream stream, bool sync)
   if (!d)
     return CUDA_ERROR_INVALID_VALUE;
   ensure_context(d);
+  psa_meet_ranks();
   bool underway = psa_capture_underway();
   uint64_t capture = sync ? 0 : psa_stream_capture(stream);
   struct psa_relaxed relaxed PSA_RELAXED_SCOPE = psa_relax(capture || underway);

@@ -67,14 +67,12 @@ void psa_capture_ended(void);
  * move. period: the training iteration's length in moments once known and trusted, else
  * 0 (then nothing is planned). */
 void psa_on_moment(const struct ps_moment *m, bool enter, uint64_t period);
-/* The first iteration boundary has passed: under torchrun the node's ranks compare what
- * they allocated until then, and a difference is said on every rank in one line. Waits
- * for the other ranks (PSSHIM_COMM_TIMEOUT_S at most). */
-void psa_first_iteration_done(void);
 /* An iteration boundary of `period` moments has passed (every rank of the node meets it
- * at the same launch when they run the same program): under torchrun with
- * PSSHIM_POLICY=auto, host chunks equal on every rank at two boundaries in a row become
- * shared, each rank holding 1/N of them (allocator/shard.c). Waits for the other ranks. */
+ * at the same launch when they run the same program). Under torchrun the node's ranks
+ * meet for it at the next allocation or free (allocator/rounds.c): at the first they
+ * compare what they allocated until then (a difference is said on every rank in one
+ * line); with PSSHIM_POLICY=auto, host chunks equal on every rank at two boundaries in a
+ * row become shared, each rank holding 1/N of them (allocator/shard.c). Returns at once. */
 void psa_shard_boundary(uint64_t period);
 
 /* Memory in use on `ordinal` as a memory pool would count it: reserved = bytes of the frames

@@ -221,6 +221,16 @@ void psa_shard_drop(struct device *d, uint64_t chunk);
 /* Work psshim cannot see may touch any chunk: every shared chunk becomes private and no
  * chunk is shared again (called without locks). */
 void psa_shard_stop(void);
+/* rounds.c: the ranks meet for the boundaries met since the last meeting, in order, at an
+ * allocation or a free (called without locks; waits for the other ranks,
+ * PSSHIM_COMM_TIMEOUT_S at most). */
+void psa_meet_ranks(void);
+/* What the devices allocated so far, in one number (space.c), compared among the ranks at
+ * their first meeting: psa_allocs_agree. */
+uint64_t psa_alloc_digest(void);
+void psa_compare_allocs(uint64_t digest);
+/* A sharing round at a meeting, when one is due (shard.c). */
+void psa_shard_round(uint64_t period);
 
 /* pager.c (called with d->lock held) */
 /* Moves a chunk no launch is using onto a frame of `to` (see pager.c); NOT_READY when it

@@ -5,7 +5,7 @@
  * at the chunk's address. The chunk thus stays mapped on every rank (a kernel psshim did
  * not foresee still finds its data) while the node holds it once.
  *
- * Which chunks: at iteration boundaries (psa_shard_boundary says which) the ranks checksum
+ * Which chunks: at iteration boundaries (rounds.c meets them) the ranks checksum
  * their candidate chunks (host frames of spans no younger than an iteration) and compare; a
  * chunk equal on every rank, and unchanged, at two rounds in a row becomes shared. One a
  * rank sees change between two rounds (written every step: parameters, optimizer state)
@@ -470,13 +470,10 @@ static struct device *first_device(void)
  * found no chunk equal on every rank doubles the boundaries to the next, up to
  * MAX_ROUND_GAP (a training loop touches nearly everything every step); one that found
  * some brings rounds back to every boundary. What decides is agreed (the same on every
- * rank), so the ranks skip the same boundaries: a round is collective. */
+ * rank), so the ranks skip the same boundaries: a round is collective. Only the rounds'
+ * thread (rounds.c) reads and writes these. */
 #define MAX_ROUND_GAP 16
-static uint32_t round_gap = 1, boundaries_since_round; /* under round_lock */
-/* One round at a time, held through the round, also while a gather waits for NCCL without
- * the device's lock. */
-static pthread_mutex_t round_lock = PTHREAD_MUTEX_INITIALIZER;
-static _Atomic uint32_t pending_boundaries; /* met, not yet taken under round_lock */
+static uint32_t round_gap = 1, boundaries_since_round;
 
 /* Paged-in shared chunks left alone for an iteration leave the GPU, as idle host chunks
  * are shared: unchanged, back onto the node's copy with no copy (a GPU frame freed); else
@@ -514,9 +511,12 @@ static bool offer(struct device *d, struct psa_shard *st, uint64_t period, uint6
   return psc_agree_checksums(st->sums, d->nchunks, st->agree);
 }
 
-/* One boundary, under round_lock: a round when round_gap boundaries have passed. */
-static void one_boundary(struct device *d, uint64_t period)
+void psa_shard_round(uint64_t period)
 {
+  struct device *d = first_device();
+  if (!d || !period || !atomic_load(&psa_allocs_agree) || ps_options.policy != PS_POLICY_AUTO ||
+      atomic_load(&stopped))
+    return;
   pthread_mutex_lock(&d->lock);
   if (++boundaries_since_round < round_gap) {
     pthread_mutex_unlock(&d->lock);
@@ -551,27 +551,6 @@ static void one_boundary(struct device *d, uint64_t period)
          (unsigned long long)offered, (unsigned long long)equal, (unsigned long long)(d->stats.shares - shares),
          (unsigned long long)d->stats.shared_chunks);
   pthread_mutex_unlock(&d->lock);
-}
-
-void psa_shard_boundary(uint64_t period)
-{
-  if (psc_nranks() < 2 || !atomic_load(&psa_allocs_agree) || ps_options.policy != PS_POLICY_AUTO ||
-      atomic_load(&stopped))
-    return;
-  struct device *d = first_device();
-  if (!d || !period)
-    return;
-  /* A boundary met while another thread holds a round (NCCL's own threads among them, while
-   * a gather waits for them) is counted, not waited for: the holder takes it after its
-   * own, so every rank still counts every boundary, in order. */
-  atomic_fetch_add(&pending_boundaries, 1);
-  while (atomic_load(&pending_boundaries) && !pthread_mutex_trylock(&round_lock)) {
-    while (atomic_load(&pending_boundaries)) {
-      atomic_fetch_sub(&pending_boundaries, 1);
-      one_boundary(d, period);
-    }
-    pthread_mutex_unlock(&round_lock);
-  }
 }
 
 /* A chunk whose gather reads it now is not remapped until the gather is over. */

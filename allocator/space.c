@@ -112,11 +112,8 @@ void psa_digest_alloc(struct device *d, uint64_t size)
   d->alloc_digest += x ^ (x >> 31);
 }
 
-void psa_first_iteration_done(void)
+uint64_t psa_alloc_digest(void)
 {
-  static atomic_flag done = ATOMIC_FLAG_INIT;
-  if (atomic_flag_test_and_set(&done) || psc_nranks() < 2)
-    return;
   /* Devices count in the order of their ordinals, not by them: each rank has its own GPU
    * (rank 1 of a torchrun job allocates on device 1 what rank 0 does on device 0). */
   uint64_t digest = 0, used = 0;
@@ -128,6 +125,11 @@ void psa_first_iteration_done(void)
     digest = digest * 31 + d->alloc_digest + used++;
     pthread_mutex_unlock(&d->lock);
   }
+  return digest;
+}
+
+void psa_compare_allocs(uint64_t digest)
+{
   psa_allocs_agree = psc_check_alloc_hash(digest); /* says a difference itself, on every rank */
 }
 

@@ -99,6 +99,10 @@ bool ps_driver_load(void);
  * its buffers, used by kernels psshim does not observe, must never be paged. On this
  * thread, moments are not observed and dlsym finds the real functions, not the doors. */
 void ps_own_calls(bool on);
+/* Brackets psshim's own driver calls made outside a launch callback (a meeting of the
+ * node's ranks): on this thread, as within ps_own_calls, moments are not observed and
+ * dlsym finds the real functions; other threads' allocations are served as usual. */
+void ps_own_work(bool on);
 bool ps_in_own_calls(void);       /* on this thread */
 bool ps_own_calls_anywhere(void); /* on any thread */
 /* Code that may run before a sanitizer runtime has initialised (it calls dlsym from its

@@ -97,6 +97,7 @@ CUresult ps_cu_checked(CUresult r, const char *what, const char *file, int line)
 
 /* initial-exec: read in hooks, where a first TLS access must not allocate. */
 static __thread bool own_calls __attribute__((tls_model("initial-exec")));
+static __thread bool own_work __attribute__((tls_model("initial-exec")));
 static _Atomic int own_calls_anywhere;
 
 void ps_own_calls(bool on)
@@ -105,7 +106,9 @@ void ps_own_calls(bool on)
   atomic_fetch_add(&own_calls_anywhere, on ? 1 : -1);
 }
 
-bool ps_in_own_calls(void) { return own_calls; }
+void ps_own_work(bool on) { own_work = on; }
+
+bool ps_in_own_calls(void) { return own_calls || own_work; }
 
 bool ps_own_calls_anywhere(void) { return atomic_load_explicit(&own_calls_anywhere, memory_order_relaxed) > 0; }
 

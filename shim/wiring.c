@@ -106,8 +106,6 @@ static void track_iteration(const struct ps_moment *l)
   if (boundary) {
     struct pst_record r = {.type = PST_REC_ITERATION, .iteration = {.iteration = it, .period = per}};
     pst_trace_emit(&r);
-    if (it == 1)
-      psa_first_iteration_done();
     psa_shard_boundary(per);
   }
 }

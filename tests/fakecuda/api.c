@@ -10,6 +10,7 @@
 static pthread_mutex_t api_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct fc_api_slots api_slots;
 static _Thread_local bool in_hook;
+static _Thread_local int in_cupti; /* depth of CUPTI subscriber callbacks on this thread */
 
 static void set_slot(int i, fakecuda_api_callback cb, void *user) {
   pthread_mutex_lock(&api_mu);
@@ -26,9 +27,15 @@ static void call_slots(int cbid, int site, const char *name, const void *params,
   bool nested = in_hook;
   in_hook = true;
   for (int i = nested ? 1 : 0; i < 2; i++)
-    if (s->cb[i]) s->cb[i](cbid, site, name, params, result, s->user[i]);
+    if (s->cb[i]) {
+      in_cupti += i == 1;
+      s->cb[i](cbid, site, name, params, result, s->user[i]);
+      in_cupti -= i == 1;
+    }
   in_hook = nested;
 }
+
+bool fc_in_cupti_callback(void) { return in_cupti > 0; }
 
 /* The slots are copied at enter so that exit goes to the same hooks even if one is
  * replaced meanwhile: a subscriber always sees enter and exit in pairs. */

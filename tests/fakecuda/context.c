@@ -2,6 +2,9 @@
  * stack of current contexts that cuCtxSetCurrent / Push / Pop manage. */
 #include <stddef.h>
 
+#include <stdio.h>
+#include <stdlib.h>
+
 #include "fakecuda_internal.h"
 
 struct CUctx_st fc_ctx[FC_MAX_DEVICES];
@@ -134,6 +137,13 @@ static CUresult ctx_get_device(CUdevice *device) {
 FC_EXPORT CUresult cuCtxGetDevice(CUdevice *device) { FC_TRACED(cuCtxGetDevice, ctx_get_device(device), device); }
 
 static CUresult ctx_synchronize(void) {
+  /* psshim's rule, held to here: a launch's callback never waits for the whole device (the
+   * node's meetings, which do, run at an allocation instead). CUDA would let it, and wait
+   * with the program's launching thread held inside the driver. */
+  if (fc_in_cupti_callback()) {
+    fprintf(stderr, "fakecuda: cuCtxSynchronize inside a CUPTI callback\n");
+    abort();
+  }
   struct CUctx_st *c;
   CUresult r = fc_current_ctx(&c);
   return r != CUDA_SUCCESS ? r : fc_ctx_sync(c);

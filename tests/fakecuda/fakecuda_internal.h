@@ -72,6 +72,8 @@ void fc_sleep_us(unsigned us);
 
 /* ---- the API hook (api.c) ---- */
 /* Returns true when a hook was called; only then must fc_api_exit follow. */
+/* Whether a CUPTI subscriber's callback is running on this thread (api.c). */
+bool fc_in_cupti_callback(void);
 bool fc_api_enter(int cbid, const char *name, const void *params, CUresult *result, void *slots);
 void fc_api_exit(int cbid, const char *name, const void *params, CUresult *result, void *slots);
 struct fc_api_slots { fakecuda_api_callback cb[2]; void *user[2]; };

@@ -1,6 +1,7 @@
 /* The fake driver refuses or faults where CUDA would: the host cannot touch a device frame
  * (nor a host frame without a host descriptor), each device reaches only what its own
- * descriptor opened, and remapping a range that queued work will touch ends the process.
+ * descriptor opened, and remapping a range that queued work will touch ends the process,
+ * as does psshim's own rule that a CUPTI callback never synchronizes the device.
  * Two devices; each expected death happens in a child that makes its own streams. */
 #include <stdatomic.h>
 #include <string.h>
@@ -228,6 +229,31 @@ static void test_remap_under_queued_work_aborts(void **state) {
     assert_exited_ok(run_in_child(remap_in_child, (void *)&fine[i]));
 }
 
+/* A CUPTI subscriber that waits for the whole device inside a launch's callback. */
+static void sync_in_callback(int cbid, int site, const char *name, const void *params, CUresult *result, void *user) {
+  (void)cbid, (void)name, (void)params, (void)result, (void)user;
+  if (site == 0 && strcmp(name, "cuLaunchKernel") == 0) cuCtxSynchronize();
+}
+
+static void launch_under_subscriber(void *arg) {
+  bool syncing = *(bool *)arg;
+  CUstream s;
+  uint64_t v = 1;
+  if (cuCtxSetCurrent(ctx0) || cuStreamCreate(&s, CU_STREAM_NON_BLOCKING)) _exit(2);
+  if (syncing) fakecuda_set_cupti_callback(sync_in_callback, NULL);
+  launch2(stall_k, s, &v, &v); /* dies here when the subscriber syncs */
+  fakecuda_set_cupti_callback(NULL, NULL);
+  if (cuCtxSynchronize()) _exit(3); /* outside any callback: fine */
+}
+
+static void test_sync_in_cupti_callback_aborts(void **state) {
+  (void)state;
+  bool syncing = true, quiet = false;
+  fprintf(stderr, "a sync inside a CUPTI callback (an abort and its line expected):\n");
+  assert_aborted(run_in_child(launch_under_subscriber, &syncing));
+  assert_exited_ok(run_in_child(launch_under_subscriber, &quiet));
+}
+
 int main(void) {
   setenv("FAKECUDA_DEVICE_COUNT", "2", 1);
   setenv("FAKECUDA_HOST_MEM", "64M", 1);
@@ -241,6 +267,7 @@ int main(void) {
       cmocka_unit_test(test_host_touches_host_frames_only),
       cmocka_unit_test(test_access_is_per_device),
       cmocka_unit_test(test_remap_under_queued_work_aborts),
+      cmocka_unit_test(test_sync_in_cupti_callback_aborts),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -247,7 +247,7 @@ shard)
   # the node's copy), in one run at least; a rank's write into one must survive.
   shard=(PSSHIM_CHUNK_SIZE=4M PSSHIM_GPU_BUDGET=8M PSSHIM_HOST_BUDGET=256M PSSHIM_POLICY=auto PSSHIM_RUNAHEAD=4
          PSSHIM_CUPTI="$FAKE_CUPTI" FAKECUDA_DEVICE_COUNT=2)
-  for run in 2:0:0:0:0 2:1:0:0:0 4:0:0:0:0 4:1:0:0:0 9:0:0:0:0 9:1:0:0:0 2:0:1:0:0 2:0:0:1:0 1:0:0:0:3 4:0:0:0:3; do
+  for run in 16:0:0:0:0 16:1:0:0:0 4:0:0:0:0 4:1:0:0:0 9:0:0:0:0 9:1:0:0:0 16:0:1:0:0 16:0:0:1:0 1:0:0:0:3 4:0:0:0:3; do
     IFS=: read -r seed diverge per_rank rewrite readers <<<"$run"
     name=s$seed.d$diverge
     [ "$per_rank" = 1 ] && name=$name.device_per_rank
