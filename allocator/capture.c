@@ -38,15 +38,17 @@ uint64_t psa_stream_capture(CUstream stream)
 {
   if (stream == PSA_SYNC_STREAM)
     return 0;
+  /* Asked on every launch, allocation and free: the plain query first, the capture's id
+   * only for a stream that captures (bench/capture_query.c times both). */
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-  cuuint64_t id = 0;
-  CUresult r = ps_driver.cuStreamGetCaptureInfo_v3
-                   ? ps_driver.cuStreamGetCaptureInfo_v3(stream, &status, &id, NULL, NULL, NULL, NULL)
-                   : ps_driver.cuStreamIsCapturing(stream, &status);
-  if (r != CUDA_SUCCESS) /* the legacy stream beside a capturing blocking stream (IMPLICIT) */
-    return PSA_CAPTURE_UNKNOWN;
+  if (ps_driver.cuStreamIsCapturing(stream, &status) != CUDA_SUCCESS)
+    return PSA_CAPTURE_UNKNOWN; /* the legacy stream beside a capturing blocking stream (IMPLICIT) */
   if (status == CU_STREAM_CAPTURE_STATUS_NONE)
     return 0;
+  cuuint64_t id = 0;
+  if (!ps_driver.cuStreamGetCaptureInfo_v3 ||
+      ps_driver.cuStreamGetCaptureInfo_v3(stream, &status, &id, NULL, NULL, NULL, NULL) != CUDA_SUCCESS)
+    return PSA_CAPTURE_UNKNOWN;
   return id && id < PSA_CAPTURE_UNKNOWN ? id : PSA_CAPTURE_UNKNOWN;
 }
 

@@ -7,7 +7,8 @@
 #   tests/gpu/pack.sh                                   # here: build and pack .gpu/
 #   device run (carry .gpu): bash tests/gpu/compat.sh [path/to/libpsshim.so]
 # Each run is under `timeout`; a failing row does not stop the others; rows not reached by
-# COMPAT_SECONDS (default 450) are written as skipped.
+# COMPAT_SECONDS (default 450) are written as skipped. COMPAT_ONLY="name ..." runs only those
+# rows (the others are left out of the table).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 LIB=$(realpath "${1:-.gpu/libpsshim.so}")
@@ -77,6 +78,7 @@ skip_row() {
 
 for entry in "${programs[@]}"; do
   IFS='|' read -r name secs cmd <<<"$entry"
+  [ -z "${COMPAT_ONLY:-}" ] || [[ " $COMPAT_ONLY " == *" $name "* ]] || continue
   if [ $SECONDS -ge $DEADLINE ]; then skip_row "$name" "skipped: out of time"; continue; fi
   echo "== $name"
   natives=()

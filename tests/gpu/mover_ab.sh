@@ -3,7 +3,8 @@
 # `PACK_BASE=<commit> tests/gpu/pack.sh` here; device: bash tests/gpu/mover_ab.sh, carrying
 # .gpu; it compared the mover thread with the pager before it, bench/results/mover_ab_*).
 # One native run, then psshim auto (.gpu/libpsshim.so) and the earlier build
-# (.gpu/libpsshim-base.so) at MOVER_AB_RATIOS (default 1.25,3). Results in $OUT:
+# (.gpu/libpsshim-base.so) at MOVER_AB_RATIOS (default 1.25,3), in MOVER_AB_METHODS' order
+# (default psshim-auto,psshim-auto-base). Results in $OUT:
 # mover_ab.json and .png, mover_ab.log, and the runs' psshim statistics in
 # mover_ab_runs.tar.gz; the table printed last.
 set -uo pipefail
@@ -14,7 +15,7 @@ W=/tmp/mover-ab
 mkdir -p "$OUT" "$W"
 export LD_LIBRARY_PATH=$G${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONUNBUFFERED=1
 python3 bench/paging_sweep.py --psshim-lib "$G/libpsshim.so" --psshim-lib-base "$G/libpsshim-base.so" \
-  --preset gpt2.7b --ratios "${MOVER_AB_RATIOS:-1.25,3}" --methods psshim-auto,psshim-auto-base \
+  --preset gpt2.7b --ratios "${MOVER_AB_RATIOS:-1.25,3}" --methods "${MOVER_AB_METHODS:-psshim-auto,psshim-auto-base}" \
   --steps "${MOVER_AB_STEPS:-10}" --warmup "${MOVER_AB_WARMUP:-7}" --timeout "${MOVER_AB_TIMEOUT:-170}" \
   --max-total-s "${MOVER_AB_MAX_S:-520}" --out "$W/mover_ab.json" >"$OUT/mover_ab.log" 2>&1
 cp "$W/mover_ab.json" "$W/mover_ab.png" "$OUT/" 2>/dev/null
