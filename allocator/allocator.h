@@ -63,10 +63,11 @@ void psa_capture_begun(void);
 void psa_capture_ended(void);
 
 /* The pager's view of an observed launch or transfer: brackets the chunks it touches
- * (enter/exit) so no migration races it, and with PSSHIM_POLICY=auto decides what to
- * move. period: the training iteration's length in moments once known and trusted, else
- * 0 (then nothing is planned). */
-void psa_on_moment(const struct ps_moment *m, bool enter, uint64_t period);
+ * (enter/exit) so no migration races it, and with PSSHIM_POLICY=auto or plan decides what
+ * to move. period: the training iteration's length in moments once known and trusted, else
+ * 0 (then nothing is planned); position: the moment's place in the iteration (0 at its
+ * boundary, below period; an exit's is its enter's). */
+void psa_on_moment(const struct ps_moment *m, bool enter, uint64_t period, uint64_t position);
 /* An iteration boundary of `period` moments has passed (every rank of the node meets it
  * at the same launch when they run the same program). Under torchrun the node's ranks
  * meet for it at the next allocation or free (allocator/rounds.c): at the first they
@@ -106,7 +107,12 @@ void psa_usage_reset_high(int ordinal, bool reserved, bool used);
  *   gathered onto GPU frames at rounds (own piece copied in, the rest all-gathered), the
  *   bytes that gave the GPU frames and the time they took (the communicator's making
  *   apart), shared now, this rank's pieces of them (host bytes), and the host bytes it does
- *   not hold thanks to them (now, and at most). */
+ *   not hold thanks to them (now, and at most);
+ * - PSSHIM_POLICY=plan (allocator/plan_exec.c): plans made and the time making them took;
+ *   the plan's moves issued when due, issued later but before the moment that needs them,
+ *   dropped (that moment came first, or the chunk holds other data now), and found done
+ *   already; the bytes the plan copies in and out per iteration (predicted, latest plan);
+ *   iterations followed, and the bytes the plan's moves copied in and out over them. */
 #define PSA_STATS_FIELDS(X)                                                                   \
   X(allocs, SUM) X(frees, SUM) X(failed_allocs, SUM) X(live_bytes, SUM) X(peak_live_bytes, SUM) \
   X(chunk_size, SAME) X(gpu_budget, SUM) X(host_budget, SUM)                                  \
@@ -123,7 +129,10 @@ void psa_usage_reset_high(int ordinal, bool reserved, bool used);
   X(share_rounds, SUM) X(share_round_ns, SUM) X(shares, SUM) X(unshares, SUM)                 \
   X(shared_pageins, SUM) X(shared_clean_leaves, SUM) X(shared_gathers, SUM)                   \
   X(gathered_bytes, SUM) X(gather_ns, SUM) X(comm_init_ns, SUM) X(shared_chunks, SUM)         \
-  X(shared_host_bytes, SUM) X(shard_saved_bytes, SUM) X(peak_shard_saved_bytes, SUM)
+  X(shared_host_bytes, SUM) X(shard_saved_bytes, SUM) X(peak_shard_saved_bytes, SUM)         \
+  X(plan_builds, SUM) X(plan_build_ns, SUM) X(plan_on_time, SUM) X(plan_late, SUM)            \
+  X(plan_dropped, SUM) X(plan_moot, SUM) X(plan_bytes_in, SUM) X(plan_bytes_out, SUM)         \
+  X(plan_laps, SUM) X(plan_moved_in, SUM) X(plan_moved_out, SUM)
 
 struct psa_stats {
 #define PSA_STATS_FIELD(name, how) uint64_t name;

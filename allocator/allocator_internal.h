@@ -241,10 +241,24 @@ CUresult psa_move(struct device *d, uint64_t chunk, enum psa_where to);
  * the frame of the model chunk on the GPU needed farthest after `need` (Belady), paged out
  * and waited for; PSA_NO_FRAME when none is needed later. */
 uint32_t psa_frame_for(struct device *d, uint64_t period, uint64_t need);
+/* Whether a move of the chunk may start now: mapped, its own, no launch in flight, every
+ * launch that touched it passed, its last move's copy done, its span not being built. */
+bool psa_movable(struct device *d, uint64_t chunk);
+/* Swaps a host chunk in for a GPU victim, both quiescent: the victim moves to a new host
+ * frame, and the chunk onto the victim's GPU frame once the victim's copy out of it is
+ * done (ordered on the copy streams, no host wait). False when nothing moved, or the chunk
+ * could not follow the victim out (then the victim's move stands). */
+bool psa_swap_in(struct device *d, uint64_t chunk, uint64_t victim);
 /* True once the chunk's last move's copy has completed (sync: wait for it). */
 bool psa_copy_done(struct device *d, uint64_t chunk, bool sync);
 /* Frees what completed copies held: marks, and frames moved away from. */
 void psa_moves_poll(struct device *d);
+
+/* plan_exec.c (called with d->lock held; PSSHIM_POLICY=plan): a launch at `position` of a
+ * `period`-moment iteration touched the chunk (recorded for the plan); and, every few
+ * launches, the plan's moves that are due issued: false while there is no plan to follow. */
+void psa_plan_note(struct device *d, uint64_t chunk, uint64_t period, uint64_t position);
+bool psa_plan_follow(struct device *d, uint64_t period, uint64_t position);
 
 /* capture.c: graph capture */
 #define PSA_CAPTURE_UNKNOWN (UINT64_MAX - 1) /* capturing, id not known: nothing reuses its bytes */

@@ -1,4 +1,4 @@
-/* Paging: moving chunks between GPU and host frames while kernels run (PSSHIM_POLICY=auto).
+/* Paging: moving chunks between GPU and host frames while kernels run (PSSHIM_POLICY=auto, plan).
  *
  * The protocol, which never races a kernel (cuMemUnmap does not wait for kernels) and never
  * makes a launch wait on the host for a copy (the host is held back only by the run-ahead
@@ -17,8 +17,10 @@
  * known: room is kept for the iteration's short-lived allocations (the margin), and chunks
  * in host frames that will be used soonest are fetched into free GPU frames or into the
  * frames of GPU chunks used later (OPT on predicted next uses), where the uses saved
- * outweigh the moves' measured cost. Correctness never depends on them. Work psshim cannot
- * see (graph launches, array copies, graph capture) stops paging for good. */
+ * outweigh the moves' measured cost; with PSSHIM_POLICY=plan, once policy/'s plan for the
+ * iteration is made (plan_exec.c), its moves instead. Correctness never depends on them.
+ * Work psshim cannot see (graph launches, array copies, graph capture) stops paging for
+ * good. */
 #include "allocator/allocator_internal.h"
 #include "policy/policy.h"
 #include "tracer/tracer.h"
@@ -173,8 +175,7 @@ static void give_after(struct device *d, uint32_t frame, struct psa_mark *copy)
   d->deferred[d->ndeferred++] = (struct deferred_frame){.frame = frame, .copy = copy};
 }
 
-/* Whether a move of the chunk may start now. */
-static bool movable(struct device *d, uint64_t chunk)
+bool psa_movable(struct device *d, uint64_t chunk)
 {
   struct chunk *c = &d->chunks[chunk];
   return c->frame != PSA_NO_FRAME && c->frame != psa_shared_frame(d) && !c->in_flight && !c->span->building &&
@@ -257,7 +258,7 @@ static uint32_t move_onto(struct device *d, uint64_t chunk, uint32_t to, struct 
 
 static CUresult move_checks(struct device *d, uint64_t chunk)
 {
-  if (!movable(d, chunk))
+  if (!psa_movable(d, chunk))
     return CUDA_ERROR_NOT_READY;
   if (d->ncopying == PSA_MAX_MIGRATIONS || !ensure_copy_streams(d))
     return CUDA_ERROR_NOT_READY;
@@ -274,7 +275,7 @@ CUresult psa_move(struct device *d, uint64_t chunk, enum psa_where to)
   uint32_t fresh = to == PSA_HOST ? psa_host_frame(d) : psa_frame_take(d, to);
   if (fresh == PSA_NO_FRAME)
     return CUDA_ERROR_OUT_OF_MEMORY;
-  if (!movable(d, chunk)) { /* taking a frame may drop the lock */
+  if (!psa_movable(d, chunk)) { /* taking a frame may drop the lock */
     psa_frame_give(d, fresh);
     return CUDA_ERROR_NOT_READY;
   }
@@ -285,26 +286,25 @@ CUresult psa_move(struct device *d, uint64_t chunk, enum psa_where to)
   return CUDA_SUCCESS;
 }
 
-/* Swaps a host chunk in for a GPU victim, both quiescent: the victim moves to a new host
- * frame, and the chunk onto the victim's GPU frame once the victim's copy out of it is
- * done (ordered on the copy streams, no host wait). */
-static void swap_in(struct device *d, uint64_t chunk, uint64_t victim)
+bool psa_swap_in(struct device *d, uint64_t chunk, uint64_t victim)
 {
   if (move_checks(d, chunk) || move_checks(d, victim) || d->ncopying + 2 > PSA_MAX_MIGRATIONS)
-    return;
+    return false;
   uint32_t host = psa_host_frame(d);
   if (host == PSA_NO_FRAME)
-    return;
-  if (!movable(d, chunk) || !movable(d, victim)) { /* taking a frame may drop the lock */
+    return false;
+  if (!psa_movable(d, chunk) || !psa_movable(d, victim)) { /* taking a frame may drop the lock */
     psa_frame_give(d, host);
-    return;
+    return false;
   }
   uint32_t gpu = move_onto(d, victim, host, NULL);
   if (gpu == PSA_NO_FRAME)
-    return;
+    return false;
   uint32_t old = move_onto(d, chunk, gpu, d->chunks[victim].copy);
-  if (old != PSA_NO_FRAME)
-    give_after(d, old, d->chunks[chunk].copy);
+  if (old == PSA_NO_FRAME)
+    return false;
+  give_after(d, old, d->chunks[chunk].copy);
+  return true;
 }
 
 bool psa_copy_done(struct device *d, uint64_t chunk, bool sync)
@@ -467,7 +467,7 @@ uint32_t psa_frame_for(struct device *d, uint64_t period, uint64_t need)
   size_t nv = candidates(d, PSA_GPU, d->clock, period, margin > d->gpu_frame_limit, victims);
   for (size_t v = 0; v < nv && victims[v].next_use > need; v++) {
     uint64_t chunk = victims[v].chunk;
-    if (!movable(d, chunk) || psa_move(d, chunk, PSA_HOST) != CUDA_SUCCESS)
+    if (!psa_movable(d, chunk) || psa_move(d, chunk, PSA_HOST) != CUDA_SUCCESS)
       continue;
     psa_copy_done(d, chunk, true);
     psa_moves_poll(d); /* its GPU frame is free once the copy out of it is done */
@@ -519,19 +519,19 @@ static void plan(struct device *d, uint64_t now, uint64_t period)
   d->stats.plans++;
   d->stats.plans_no_fetch += nf == 0;
   for (; room < keep && v < nv && moves < most && d->ncopying < most; v++)
-    if (movable(d, victims[v].chunk) && psa_move(d, victims[v].chunk, PSA_HOST) == CUDA_SUCCESS) {
+    if (psa_movable(d, victims[v].chunk) && psa_move(d, victims[v].chunk, PSA_HOST) == CUDA_SUCCESS) {
       room++;
       moves++;
     }
   for (size_t i = 0; i < nf && moves < most && d->ncopying + 2 <= most; i++) {
     uint64_t chunk = fetch[i].chunk, need = PSP_NEVER - fetch[i].next_use;
-    if (!movable(d, chunk))
+    if (!psa_movable(d, chunk))
       continue;
     if (d->gpu_frame_limit - d->gpu_frames_held > keep) { /* a frame free or makeable beyond it */
       moves += psa_move(d, chunk, PSA_GPU) == CUDA_SUCCESS;
       continue;
     }
-    while (v < nv && !movable(d, victims[v].chunk))
+    while (v < nv && !psa_movable(d, victims[v].chunk))
       v++;
     if (v == nv || victims[v].next_use <= need) { /* no chunk on the GPU is needed later */
       d->stats.plans_no_victim += v == nv;
@@ -544,7 +544,7 @@ static void plan(struct device *d, uint64_t now, uint64_t period)
       d->stats.plans_no_gain++;
       continue; /* a later fetch, used more often, may still pay */
     }
-    swap_in(d, chunk, victims[v++].chunk);
+    psa_swap_in(d, chunk, victims[v++].chunk);
     moves++;
   }
 }
@@ -554,6 +554,7 @@ static void plan(struct device *d, uint64_t now, uint64_t period)
  * one span, and of one device, are neighbours). */
 struct visit {
   const struct ps_moment *l;
+  uint64_t period, position; /* as psa_on_moment got them */
   struct device *marked; /* the device `mark` belongs to */
   struct psa_mark *mark;
   struct psa_mark *ahead; /* exit: the mark PSSHIM_RUNAHEAD launches back on ahead_dev */
@@ -615,6 +616,8 @@ static void enter_chunk(struct device *d, uint64_t chunk, struct visit *v)
   if (c->last_use > d->clock)
     d->clock = c->last_use;
   c->uses[c->use_pos++ % PSA_USES] = c->last_use;
+  if (ps_options.policy == PS_POLICY_PLAN && v->period)
+    psa_plan_note(d, chunk, v->period, v->position);
 }
 
 static void exit_chunk(struct device *d, uint64_t chunk, struct visit *v)
@@ -643,24 +646,25 @@ static void exit_chunk(struct device *d, uint64_t chunk, struct visit *v)
   }
 }
 
-/* fn(d, l) for every ready device, under its lock. */
-static void each_device(void (*fn)(struct device *, const struct ps_moment *, uint64_t), const struct ps_moment *l,
-                        uint64_t period)
+/* fn(d, l, period, position) for every ready device, under its lock. */
+static void each_device(void (*fn)(struct device *, const struct ps_moment *, uint64_t, uint64_t),
+                        const struct ps_moment *l, uint64_t period, uint64_t position)
 {
   for (int i = 0; i < PSA_MAX_DEVICES; i++) {
     struct device *d = &psa_devices[i];
     if (!d->ready)
       continue;
     pthread_mutex_lock(&d->lock);
-    fn(d, l, period);
+    fn(d, l, period, position);
     pthread_mutex_unlock(&d->lock);
   }
 }
 
 /* The launch's stream waits for every copy still in flight on the device. */
-static void wait_copies(struct device *d, const struct ps_moment *l, uint64_t period)
+static void wait_copies(struct device *d, const struct ps_moment *l, uint64_t period, uint64_t position)
 {
   (void)period;
+  (void)position;
   for (uint32_t k = 0; k < d->ncopying;) {
     uint64_t chunk = d->copying[k];
     struct psa_mark *copy = d->chunks[chunk].copy;
@@ -683,7 +687,7 @@ static void stop_paging(const struct ps_moment *l, bool capturing)
     ps_log(PS_LOG_WARN, "%s: its memory accesses cannot be observed, so paging stops (placement stays as it is)",
            capturing ? "a stream is capturing a CUDA graph" : l->name ? l->name : "a CUDA graph launch");
   if (!capturing)
-    each_device(wait_copies, l, 0);
+    each_device(wait_copies, l, 0, 0);
 }
 
 static _Thread_local bool tls_unbracketed; /* this thread's current moment is not bracketed */
@@ -748,8 +752,9 @@ static uint64_t plan_every(void)
  * brings plans back to every plan_every() launches. On the 2.68B GPT's trace replayed
  * here, that took plans from 3177 to 1098 and their time by half, moving as much. Frames
  * left behind by moves are freed as often as plans were. */
-static void poll_and_plan(struct device *d, const struct ps_moment *l, uint64_t period)
+static void poll_and_plan(struct device *d, const struct ps_moment *l, uint64_t period, uint64_t position)
 {
+  (void)position;
   uint64_t every = plan_every();
   uint64_t start = psa_now_ns();
   psa_moves_poll(d); /* frames whose copies are done come back as room */
@@ -770,7 +775,18 @@ static void poll_and_plan(struct device *d, const struct ps_moment *l, uint64_t 
   d->stats.plan_ns += psa_now_ns() - start;
 }
 
-void psa_on_moment(const struct ps_moment *l, bool enter, uint64_t period)
+/* PSSHIM_POLICY=plan: policy/'s plan once made (plan_exec.c), auto's decisions until then. */
+static void poll_and_follow(struct device *d, const struct ps_moment *l, uint64_t period, uint64_t position)
+{
+  uint64_t start = psa_now_ns();
+  psa_moves_poll(d);
+  if (!psa_plan_follow(d, period, position))
+    poll_and_plan(d, l, period, position);
+  else
+    d->stats.plan_ns += psa_now_ns() - start;
+}
+
+void psa_on_moment(const struct ps_moment *l, bool enter, uint64_t period, uint64_t position)
 {
   struct psa_relaxed relaxed PSA_RELAXED_SCOPE = psa_relax(psa_capture_underway());
   if (enter) {
@@ -783,15 +799,15 @@ void psa_on_moment(const struct ps_moment *l, bool enter, uint64_t period)
   }
   if (tls_unbracketed)
     return;
-  struct visit v = {.l = l};
+  struct visit v = {.l = l, .period = period, .position = position};
   if (l->nptrs)
     for_each_chunk(&v, enter ? enter_chunk : exit_chunk);
   /* Flow control: the host stays at most PSSHIM_RUNAHEAD launches ahead of the GPU, so a
    * chunk is quiescent soon after its last use and can move before its next one. */
   if (v.ahead)
     hold_back(v.ahead_dev, v.ahead);
-  if (enter || ps_options.policy != PS_POLICY_AUTO || atomic_load(&paging_off))
+  if (enter || ps_options.policy == PS_POLICY_STATIC || atomic_load(&paging_off))
     return;
   if (l->seq % plan_every() == 0)
-    each_device(poll_and_plan, l, period);
+    each_device(ps_options.policy == PS_POLICY_PLAN ? poll_and_follow : poll_and_plan, l, period, position);
 }

@@ -143,7 +143,7 @@ static void join_node(struct device *d)
   if (joined)
     return;
   joined = true;
-  static const char *const policies[] = {"static", "auto"};
+  static const char *const policies[] = {"static", "auto", "plan"}; /* core/options.c's order */
   struct psc_config cfg = {.chunk_size = d->chunk_size, .gpu_budget = d->stats.gpu_budget,
                            .host_budget = d->stats.host_budget};
   snprintf(cfg.policy, sizeof cfg.policy, "%s", policies[ps_options.policy]);
@@ -172,9 +172,9 @@ static bool setup(struct device *d, int ordinal)
   d->chunks = calloc(d->nchunks, sizeof *d->chunks);
   d->frames = calloc(d->max_frames + 2, sizeof *d->frames); /* and psa_shared_frame */
   d->cands = calloc(2 * d->nchunks, sizeof *d->cands); /* fetches, then victims */
-  if (ps_options.policy == PS_POLICY_AUTO)
+  if (ps_options.policy != PS_POLICY_STATIC)
     d->recent = calloc(ps_options.runahead, sizeof *d->recent);
-  if (!d->chunks || !d->frames || !d->cands || (ps_options.policy == PS_POLICY_AUTO && !d->recent)) {
+  if (!d->chunks || !d->frames || !d->cands || (ps_options.policy != PS_POLICY_STATIC && !d->recent)) {
     ps_error("out of host memory for chunk tables");
     return false;
   }

@@ -72,4 +72,11 @@ void psa_stats_write(FILE *f, bool json, const struct psa_progress *p)
     fprintf(f, "psshim: gathered page-in: %llu shared chunks, %.1f MiB onto GPU frames at %.2f GB/s (and %.1f ms "
             "making the communicator)\n", (unsigned long long)s.shared_gathers, mib(s.gathered_bytes),
             s.gather_ns ? (double)s.gathered_bytes / (double)s.gather_ns : 0.0, (double)s.comm_init_ns / 1e6);
+  if (s.plan_builds)
+    fprintf(f, "psshim: plan: %llu made in %.1f ms, %.1f MiB in and %.1f MiB out per iteration; moves on time %llu, "
+            "late %llu, dropped %llu, done already %llu; over %llu iterations moved %.1f MiB in, %.1f MiB out\n",
+            (unsigned long long)s.plan_builds, (double)s.plan_build_ns / 1e6, mib(s.plan_bytes_in),
+            mib(s.plan_bytes_out), (unsigned long long)s.plan_on_time, (unsigned long long)s.plan_late,
+            (unsigned long long)s.plan_dropped, (unsigned long long)s.plan_moot, (unsigned long long)s.plan_laps,
+            mib(s.plan_moved_in), mib(s.plan_moved_out));
 }

@@ -23,7 +23,7 @@ struct option_def {
   const char *const *choices;
 };
 
-static const char *const policy_choices[] = {"static", "auto", NULL};
+static const char *const policy_choices[] = {"static", "auto", "plan", NULL};
 static const char *const log_choices[] = {"off", "error", "warn", "info", "debug", NULL};
 static const char *const torch_choices[] = {"async", "keep", NULL};
 
@@ -40,7 +40,7 @@ static const struct option_def option_table[] = {
   /* Unset: the allocator picks one for the node (PSA_DEFAULT_CHUNK, allocator/space.c). */
   {"PSSHIM_CHUNK_SIZE", OPT_SIZE, "a non-zero size that is a multiple of 2M (e.g. 16M)",
    NULL, &ps_options.chunk_size, NULL, NULL},
-  {"PSSHIM_POLICY", OPT_CHOICE, "auto or static", "auto", &ps_options.policy, NULL, policy_choices},
+  {"PSSHIM_POLICY", OPT_CHOICE, "auto, static or plan", "auto", &ps_options.policy, NULL, policy_choices},
   {"PSSHIM_RUNAHEAD", OPT_UINT, "a whole number of launches from 1 to 60000", "256", &ps_options.runahead, NULL,
    NULL},
   /* Measured on the H200 (PCIe 5): static placement read and wrote its host frames in

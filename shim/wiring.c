@@ -1,6 +1,6 @@
 /* The wiring of observation to paging and sharing, started when the allocator sets up its
  * first device: opens the trace (PSSHIM_TRACE), subscribes to launches (for the trace, and
- * for the pager when PSSHIM_POLICY=auto), finds the training iteration's period in the
+ * for the pager when PSSHIM_POLICY is auto or plan), finds the training iteration's period in the
  * launch sequence and hands it down with each moment, meets iteration boundaries (the
  * ranks' checks and sharing rounds), and samples memory every PSSHIM_SAMPLE_MS. */
 #include "allocator/allocator.h"
@@ -60,8 +60,8 @@ static void trust_if_steady(void)
 }
 
 /* Iteration boundaries from the period detector, once trusted: an ITERATION record as each
- * passes. */
-static void track_iteration(const struct ps_moment *l)
+ * passes. Returns the moment's position in the iteration (0 at a boundary). */
+static uint64_t track_iteration(const struct ps_moment *l)
 {
   pthread_mutex_lock(&period_lock);
   psp_period_feed(detector, l->signature);
@@ -102,21 +102,24 @@ static void track_iteration(const struct ps_moment *l)
   }
   uint64_t it = boundary ? ++iteration : iteration;
   uint32_t per = period;
+  uint64_t position = per ? (fed + per - next_boundary) % per : 0; /* next_boundary is in (fed, fed + per] */
   pthread_mutex_unlock(&period_lock);
   if (boundary) {
     struct pst_record r = {.type = PST_REC_ITERATION, .iteration = {.iteration = it, .period = per}};
     pst_trace_emit(&r);
     psa_shard_boundary(per);
   }
+  return position;
 }
 
 static void on_moment(const struct ps_moment *l, bool enter, void *user)
 {
   (void)user;
+  static _Thread_local uint64_t position; /* of this thread's latest enter: its exit's too */
   if (enter && detector)
-    track_iteration(l);
-  if (ps_options.policy == PS_POLICY_AUTO)
-    psa_on_moment(l, enter, atomic_load_explicit(&adopted, memory_order_relaxed));
+    position = track_iteration(l);
+  if (ps_options.policy != PS_POLICY_STATIC)
+    psa_on_moment(l, enter, atomic_load_explicit(&adopted, memory_order_relaxed), position);
 }
 
 static bool claims(uint64_t value) { return psa_owns((CUdeviceptr)value); }
@@ -175,7 +178,7 @@ static void start(const struct pst_trace_header *h, void *user)
 {
   (void)user;
   bool tracing = ps_options.trace_path && pst_trace_open(ps_options.trace_path, h);
-  if (!tracing && ps_options.policy != PS_POLICY_AUTO)
+  if (!tracing && ps_options.policy == PS_POLICY_STATIC)
     return; /* nothing to observe for */
   /* Two repeats, not three: on the 2.68B GPT's trace replayed here the step's period came
    * at launch 27062 instead of 31721, a step sooner, and every test still finds its own. */

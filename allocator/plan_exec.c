@@ -1,0 +1,395 @@
+/* PSSHIM_POLICY=plan: the pager follows policy/'s steady plan for the iteration
+ * (psp_plan_make) instead of deciding from each chunk's recent uses.
+ *
+ * Once the iteration's period is trusted, the next whole iteration is recorded as a
+ * schedule: for each moment (by its position in the iteration, which the wiring gives) the
+ * chunks it touched, and when its first touch came. When it ends the plan is made, once
+ * per period (again only for another period), for the GPU frames less those held by chunks
+ * the iteration never touches. From the next moment on, each move is queued when its
+ * moment comes and issued through the pager's own moves (psa_move, psa_swap_in), so under
+ * its quiescence rule; one whose chunk is not movable yet stays queued, retried every few
+ * launches until the moment that needs it has begun (then dropped). Chunks the plan never
+ * moves are put where it keeps them at each iteration's start. Correctness never depends
+ * on any of it: a chunk left in a host frame is read in place. Until the plan is made,
+ * auto decides.
+ *
+ * Not recorded: when a chunk holds nothing live (psp_schedule_empty). Knowing it takes a
+ * hook where allocations free; without it, freed and reallocated activations count as data
+ * to copy, and the plan's predicted bytes are an upper bound of what moves copy (only live
+ * ranges are copied). */
+#include "allocator/allocator_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* The H200 over PCIe 5 (shared/DESIGN.md): copies each direction alone, both at once. */
+static const double H2D = 55.4e9, D2H = 55.3e9, BOTH = 96.4e9;
+#define DEFAULT_MOMENT_NS 10000 /* a moment's duration when no launch times were seen */
+#define OUTLIER 16              /* a moment lasts at most 16 times the median (a stall, a print) */
+
+enum phase { WAITING, RECORDING, FOLLOWING, FAILED };
+
+/* A chunk as the recorded iteration saw it. Where its span lies identifies its data: a
+ * span freed and made again in the same place each iteration (activations) is the same to
+ * the plan, a span elsewhere means the program changed. A span that is another object than
+ * at the chunk's previous touch was made anew in between: the chunk held nothing live. */
+struct seen {
+  uint64_t first, n; /* its span's chunks; n = 0: not touched */
+  const struct span *span;
+  uint32_t first_touch, last_touch;
+};
+
+/* A move whose moment has come. */
+struct due {
+  const psp_move *m; /* NULL once settled */
+  uint64_t need;     /* the absolute moment that uses the chunk next: too late from then on */
+  bool retried;      /* a tick could not issue it when it came due */
+};
+
+struct plan_exec {
+  uint64_t period;
+  enum phase phase;
+  bool started;      /* a position has come */
+  uint64_t now;      /* the latest absolute moment seen: lap * period + position */
+  uint64_t lap;      /* RECORDING: the lap recorded; WAITING: the first that may be */
+  psp_schedule *sched;
+  uint64_t *begun;   /* by position: when its first touch came (ns), 0 when none did */
+  uint32_t opened;   /* moments of sched opened */
+  struct seen *seen; /* by chunk */
+  psp_plan plan;
+  psp_move *fixes;   /* the chunks the plan never moves, where it keeps them */
+  size_t nfix, next; /* next: the first move of plan.moves not queued in this lap */
+  uint64_t cursor;   /* the absolute moment whose moves are queued next */
+  struct due *queue;
+  size_t nqueue, cap;
+};
+
+static struct plan_exec execs[PSA_MAX_DEVICES]; /* by ordinal, under the device's lock */
+
+static void forget(struct plan_exec *st)
+{
+  psp_schedule_free(st->sched);
+  psp_plan_free(&st->plan);
+  free(st->begun);
+  free(st->seen);
+  free(st->fixes);
+  free(st->queue);
+  memset(st, 0, sizeof *st);
+}
+
+/* Moves the clock to position (threads report moments slightly out of order: an earlier
+ * position less than half a period back is a straggler, not a new lap). */
+static void advance(struct plan_exec *st, uint64_t position)
+{
+  uint64_t P = st->period, at = st->now % P;
+  if (!st->started) {
+    st->started = true;
+    st->now = position;
+    st->lap = position == 0 ? 0 : 1; /* record from an iteration's start */
+  } else if (position < at && at - position >= (P + 1) / 2) {
+    st->now += P - at + position;
+  } else if (position > at) {
+    st->now += position - at;
+  }
+}
+
+static bool on_gpu(const struct device *d, uint64_t chunk)
+{
+  uint32_t f = d->chunks[chunk].frame;
+  return f != PSA_NO_FRAME && f != psa_shared_frame(d) && d->frames[f].where == PSA_GPU;
+}
+
+/* Opens the schedule's moments up to and including position; `ns` stamps the last. */
+static bool open_to(struct plan_exec *st, uint64_t position, uint64_t ns)
+{
+  for (; st->opened <= position; st->opened++)
+    if (psp_schedule_moment(st->sched, 0))
+      return false;
+  if (!st->begun[position])
+    st->begun[position] = ns;
+  return true;
+}
+
+static int by_value(const void *a, const void *b)
+{
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* Each moment's duration from when the moments began: a moment no touch stamped shares the
+ * time of the stamped one before it, those before the first stamped one last the median,
+ * and none lasts more than OUTLIER medians. `end`: when the iteration ended. NULL without
+ * memory. */
+static uint64_t *durations(const struct plan_exec *st, uint64_t end)
+{
+  uint32_t P = (uint32_t)st->period;
+  uint64_t *ns = calloc(P, sizeof *ns), *sorted = malloc(P * sizeof *sorted);
+  if (!ns || !sorted) {
+    free(ns);
+    free(sorted);
+    return NULL;
+  }
+  for (uint32_t m = 0, k; m < P; m = k) {
+    for (k = m + 1; k < P && !st->begun[k]; k++)
+      ;
+    uint64_t from = st->begun[m], to = k < P ? st->begun[k] : end;
+    for (uint32_t j = m; from && j < k; j++)
+      ns[j] = to > from ? (to - from) / (k - m) : 0;
+  }
+  memcpy(sorted, ns, P * sizeof *ns);
+  qsort(sorted, P, sizeof *sorted, by_value);
+  uint64_t median = sorted[P / 2] ? sorted[P / 2] : DEFAULT_MOMENT_NS;
+  for (uint32_t m = 0; m < P; m++)
+    if (!ns[m] || ns[m] > OUTLIER * median)
+      ns[m] = !ns[m] ? median : OUTLIER * median;
+  free(sorted);
+  return ns;
+}
+
+/* The chunks the schedule touches that the plan never moves: kept where it starts them. */
+static bool keep_fixes(const struct device *d, struct plan_exec *st)
+{
+  uint32_t n = psp_schedule_chunks(st->sched);
+  uint8_t *kind = calloc(n ? n : 1, 1); /* 1: moved by the plan, 2: on the GPU at the start */
+  st->fixes = malloc((n ? n : 1) * sizeof *st->fixes);
+  if (!kind || !st->fixes) {
+    free(kind);
+    return false;
+  }
+  for (size_t i = 0; i < st->plan.n_moves; i++)
+    kind[st->plan.moves[i].chunk] = 1;
+  for (size_t i = 0; i < st->plan.n_start; i++)
+    kind[st->plan.start[i]] |= 2;
+  for (uint32_t c = 0; c < n; c++)
+    if (!(kind[c] & 1) && psp_schedule_chunk_bytes(st->sched, c)) {
+      uint32_t first = (uint32_t)(psp_next_use(st->sched, c, st->period - 1) - st->period);
+      st->fixes[st->nfix++] = (psp_move){.chunk = c, .dir = kind[c] ? PSP_TO_GPU : PSP_TO_HOST, .need = first,
+                                         .bytes = d->chunk_size};
+    }
+  free(kind);
+  return true;
+}
+
+/* Chunks whose span is not the one of their last touch any more were emptied after it: they
+ * hold nothing live until their first touch of the next iteration. */
+static bool empty_across_end(const struct device *d, struct plan_exec *st)
+{
+  uint32_t n = psp_schedule_chunks(st->sched);
+  for (uint32_t c = 0; c < n; c++) {
+    const struct seen *w = &st->seen[c];
+    if (w->n && d->chunks[c].span != w->span && psp_schedule_empty(st->sched, c, w->last_touch, w->first_touch))
+      return false;
+  }
+  return true;
+}
+
+/* The recorded iteration is over: the plan for it, once. */
+static void make_plan(struct device *d, struct plan_exec *st)
+{
+  uint64_t start = psa_now_ns(), P = st->period;
+  uint64_t *ns = NULL;
+  bool ok = open_to(st, P - 1, 0) && empty_across_end(d, st) && psp_schedule_seal(st->sched) == 0 &&
+            (ns = durations(st, start));
+  if (ok) {
+    /* The frames chunks outside the iteration hold on the GPU are not the plan's. */
+    uint64_t frames = d->gpu_frame_limit;
+    uint32_t n = psp_schedule_chunks(st->sched);
+    for (uint64_t i = 0; i < d->chunks_high; i++)
+      if (on_gpu(d, i) && (i >= n || !psp_schedule_chunk_bytes(st->sched, (uint32_t)i)) && frames)
+        frames--;
+    psp_costs costs = {.h2d = H2D, .d2h = D2H, .both = BOTH, .in_place = (double)ps_options.inplace_rate,
+                       .moment_ns = ns, .default_ns = DEFAULT_MOMENT_NS};
+    ok = psp_plan_make(st->sched, frames * d->chunk_size, &costs, &st->plan) == 0 && keep_fixes(d, st);
+    size_t cap = 2 * (st->plan.n_moves + st->nfix) + 16; /* a move stays queued less than a lap */
+    ok = ok && (st->queue = malloc(cap * sizeof *st->queue));
+    st->cap = cap;
+  }
+  free(ns);
+  d->stats.plan_builds++;
+  d->stats.plan_build_ns += psa_now_ns() - start;
+  if (!ok) {
+    ps_log(PS_LOG_WARN, "the plan for device %d's iteration could not be made: auto decides",
+           d->ordinal);
+    st->phase = FAILED;
+    return;
+  }
+  d->stats.plan_bytes_in = st->plan.bytes_in;
+  d->stats.plan_bytes_out = st->plan.bytes_out;
+  st->phase = FOLLOWING;
+  st->cursor = st->now + 1;
+  st->next = st->plan.n_moves;
+  for (size_t i = 0; i < st->plan.n_moves; i++)
+    if (st->plan.moves[i].at >= st->cursor % P) {
+      st->next = i;
+      break;
+    }
+}
+
+/* The plan's state for the device at this period; NULL when there is none to keep. */
+static struct plan_exec *state(struct device *d, uint64_t period, uint64_t position)
+{
+  struct plan_exec *st = &execs[d->ordinal];
+  if (!period)
+    return NULL; /* distrusted for now: a plan made for the period stays */
+  if (period != st->period) {
+    forget(st);
+    st->period = period;
+  }
+  advance(st, position);
+  if (st->phase == WAITING && st->now / period >= st->lap) {
+    st->lap = st->now / period;
+    st->sched = psp_schedule_new();
+    st->begun = calloc(period, sizeof *st->begun);
+    st->seen = calloc(d->nchunks, sizeof *st->seen);
+    st->phase = st->sched && st->begun && st->seen ? RECORDING : FAILED;
+  }
+  if (st->phase == RECORDING && st->now / period > st->lap)
+    make_plan(d, st);
+  return st;
+}
+
+void psa_plan_note(struct device *d, uint64_t chunk, uint64_t period, uint64_t position)
+{
+  struct plan_exec *st = state(d, period, position);
+  if (!st || st->phase != RECORDING || st->now % period != position)
+    return; /* a straggler of a moment already past is not recorded */
+  if (!open_to(st, position, psa_now_ns()) || psp_schedule_chunk(st->sched, (uint32_t)chunk, d->chunk_size) ||
+      psp_schedule_touch(st->sched, (uint32_t)chunk, true)) { /* every touch counted a write */
+    st->phase = FAILED;
+    return;
+  }
+  const struct span *s = d->chunks[chunk].span;
+  struct seen *w = &st->seen[chunk];
+  if (!w->n)
+    w->first_touch = (uint32_t)position;
+  else if (w->span != s && w->last_touch < position &&
+           psp_schedule_empty(st->sched, (uint32_t)chunk, w->last_touch, (uint32_t)position))
+    st->phase = FAILED;
+  *w = (struct seen){s->first_chunk, s->nchunks, s, w->n ? w->first_touch : (uint32_t)position, (uint32_t)position};
+}
+
+static void enqueue(struct device *d, struct plan_exec *st, const psp_move *m, uint64_t due)
+{
+  uint64_t P = st->period, need = due + (m->need + P - m->at) % P;
+  if (m->dir == PSP_TO_HOST) /* needed back at the chunk's next use */
+    need = psp_next_use(st->sched, m->chunk, due - 1);
+  if (st->nqueue == st->cap) {
+    d->stats.plan_dropped++;
+    return;
+  }
+  st->queue[st->nqueue++] = (struct due){.m = m, .need = need};
+}
+
+/* Queues the moves of the moments up to `upto` (absolute). Laps the host ran past unseen
+ * are skipped: their moves' moments have passed. */
+static void queue_due(struct device *d, struct plan_exec *st, uint64_t upto)
+{
+  uint64_t P = st->period;
+  if (upto >= st->cursor + P)
+    st->cursor = upto - upto % P, st->next = 0;
+  for (; st->cursor <= upto; st->cursor++) {
+    uint64_t at = st->cursor % P;
+    if (at == 0) {
+      st->next = 0;
+      d->stats.plan_laps++;
+      for (size_t i = 0; i < st->nfix; i++)
+        enqueue(d, st, &st->fixes[i], st->cursor);
+    }
+    for (; st->next < st->plan.n_moves && st->plan.moves[st->next].at == at; st->next++)
+      enqueue(d, st, &st->plan.moves[st->next], st->cursor);
+  }
+}
+
+/* Whether the queued move needs nothing more (counted): the moment that uses its chunk has
+ * begun, or the chunk's span lies elsewhere than recorded (dropped); or it is where the
+ * move would put it, or holds nothing (an allocation there takes a frame itself). */
+static bool settled(struct device *d, struct plan_exec *st, struct due *e)
+{
+  if (!e->m)
+    return true;
+  uint32_t c = e->m->chunk;
+  const struct span *s = d->chunks[c].span;
+  bool fetch = e->m->dir == PSP_TO_GPU;
+  if (st->now >= e->need || (s && (st->seen[c].first != s->first_chunk || st->seen[c].n != s->nchunks)))
+    d->stats.plan_dropped++;
+  else if (!s && fetch && e->m->bytes)
+    return false; /* its allocation is still to come: it may land in a host frame */
+  else if (!s || on_gpu(d, c) == fetch)
+    d->stats.plan_moot++;
+  else
+    return false;
+  e->m = NULL;
+  return true;
+}
+
+static void issued(struct device *d, struct due *e)
+{
+  if (e->retried)
+    d->stats.plan_late++;
+  else
+    d->stats.plan_on_time++;
+  e->m = NULL;
+}
+
+/* A due eviction that can go now, for a fetch without a free GPU frame; NULL if none. */
+static struct due *victim(struct device *d, struct plan_exec *st)
+{
+  for (size_t i = 0; i < st->nqueue; i++) {
+    struct due *e = &st->queue[i];
+    if (e->m && e->m->dir == PSP_TO_HOST && !settled(d, st, e) && psa_movable(d, e->m->chunk))
+      return e;
+  }
+  return NULL;
+}
+
+/* Issues what is due, in order: fetches first (one without a free GPU frame swaps with a
+ * due eviction), then the other evictions. */
+static void issue(struct device *d, struct plan_exec *st)
+{
+  uint64_t in = d->stats.bytes_h2d, out = d->stats.bytes_d2h;
+  for (size_t i = 0; i < st->nqueue; i++) {
+    struct due *e = &st->queue[i], *v;
+    if (settled(d, st, e) || e->m->dir != PSP_TO_GPU)
+      continue;
+    uint32_t c = e->m->chunk;
+    bool done = false;
+    if (psa_movable(d, c)) {
+      if (psa_gpu_frame_available(d)) {
+        done = psa_move(d, c, PSA_GPU) == CUDA_SUCCESS;
+      } else if ((v = victim(d, st)) && psa_swap_in(d, c, v->m->chunk)) {
+        issued(d, v);
+        done = true;
+      }
+    }
+    if (done)
+      issued(d, e);
+    else
+      e->retried = true;
+  }
+  for (size_t i = 0; i < st->nqueue; i++) {
+    struct due *e = &st->queue[i];
+    if (settled(d, st, e))
+      continue;
+    if (psa_movable(d, e->m->chunk) && psa_move(d, e->m->chunk, PSA_HOST) == CUDA_SUCCESS)
+      issued(d, e);
+    else
+      e->retried = true;
+  }
+  size_t kept = 0;
+  for (size_t i = 0; i < st->nqueue; i++)
+    if (st->queue[i].m)
+      st->queue[kept++] = st->queue[i];
+  st->nqueue = kept;
+  d->stats.plan_moved_in += d->stats.bytes_h2d - in;
+  d->stats.plan_moved_out += d->stats.bytes_d2h - out;
+}
+
+bool psa_plan_follow(struct device *d, uint64_t period, uint64_t position)
+{
+  struct plan_exec *st = state(d, period, position);
+  if (!st || st->phase != FOLLOWING)
+    return false;
+  queue_due(d, st, st->now + 1); /* a move at `at` is issued before moment `at` runs */
+  issue(d, st);
+  return true;
+}
