@@ -88,6 +88,64 @@ PY
   # Below the margin (activations alone fill 16 MiB) chunks only leave; above it, both ways.
   awk '{g += $1; h += $2} END {exit !(g > 0 && h > 0)}' "$tmp/moves" || fail "chunks did not move both ways"
   ;;
+train_plan)
+  # PSSHIM_POLICY=plan: the pager records one iteration once the period is trusted, makes
+  # policy/'s plan for it, and issues the plan's moves from then on, under the same
+  # quiescence rule as auto (the strict test driver aborts on a remap under queued work).
+  # Values must equal the native run's, with and without slow copies and kernels; one plan
+  # must be made and followed, its moves issued, some on time; and without delays what its
+  # moves copied per iteration must lie between 40% of what the plan predicts and the
+  # prediction (an upper bound: it counts every touch a write; here 57-85% of it moved,
+  # the rest dropped as late or found done): moves issued half an iteration off fall below
+  # it. Then shard_sim alone (one rank): buffers of odd sizes, cold ones among them, bytes
+  # intact, a plan made and followed.
+  native=$("$prog" 40 8 4) || fail "native run: $native"
+  echo "native:      $native"
+  plan_env=(PSSHIM_POLICY=plan PSSHIM_RUNAHEAD=4 PSSHIM_INPLACE_RATE=1M PSSHIM_CUPTI="$FAKE_CUPTI" PSSHIM_HOST_BUDGET=256M)
+  for delays in "0 0 0" "300 200 50"; do
+    read -r copy_us event_us kernel_us <<<"$delays"
+    for budget in 48M 24M 8M; do
+      out=$(FAKECUDA_COPY_DELAY_US=$copy_us FAKECUDA_EVENT_DELAY_US=$event_us FAKECUDA_KERNEL_DELAY_US=$kernel_us \
+        under_psshim "${plan_env[@]}" PSSHIM_GPU_BUDGET=$budget PSSHIM_STATS="$tmp/s.json" "$prog" 40 8 4) ||
+        fail "plan, budget $budget, delays $delays: $out"
+      echo "plan $budget (delays $delays): $out"
+      [ "${out%, psshim*}" = "${native%, psshim*}" ] || fail "plan, budget $budget: results differ from the native run"
+      python3 - "$tmp/s.json" "$delays" <<'PY' || fail "plan, budget $budget, delays $delays: stats"
+import json, sys
+s, delays = json.load(open(sys.argv[1])), sys.argv[2]
+laps = s["plan_laps"]
+moved_in, moved_out = s["plan_moved_in"] / max(laps, 1), s["plan_moved_out"] / max(laps, 1)
+print(f"  plan: {s['plan_builds']} made in {s['plan_build_ns'] / 1e6:.2f} ms, predicted {s['plan_bytes_in'] >> 20} MiB in, "
+      f"{s['plan_bytes_out'] >> 20} MiB out per iteration; moved {moved_in / 2**20:.1f} in, {moved_out / 2**20:.1f} out "
+      f"per iteration over {laps}; moves on time {s['plan_on_time']}, late {s['plan_late']}, dropped "
+      f"{s['plan_dropped']}, done already {s['plan_moot']}")
+assert s["plan_builds"] == 1, "not one plan for the one period"
+assert laps >= 10, "the plan was followed for fewer than 10 iterations"
+assert s["plan_on_time"] + s["plan_late"] > 0 and s["plan_bytes_in"] > 0, "no planned move was issued"
+assert s["peak_gpu_bytes"] <= s["gpu_budget"], "GPU budget exceeded"
+if delays == "0 0 0":
+    for moved, planned in ((moved_in, s["plan_bytes_in"]), (moved_out, s["plan_bytes_out"])):
+        assert 0.4 * planned <= moved <= planned, f"moved {moved:.0f} bytes per iteration, the plan {planned}"
+open(sys.argv[1] + ".on_time", "a").write(f"{s['plan_on_time']}\n")
+PY
+    done
+  done
+  awk '$1 > 0 {n++} END {exit !n}' "$tmp/s.json.on_time" || fail "no planned move was ever issued on time"
+  for seed in 2 4; do # seeds whose plans copy (in others everything the steps touch fits)
+    native=$("$SHARD_SIM" $seed 100) || fail "shard_sim $seed native: $native"
+    out=$(under_psshim "${plan_env[@]}" PSSHIM_CHUNK_SIZE=4M PSSHIM_GPU_BUDGET=8M PSSHIM_STATS="$tmp/sh.json" \
+      "$SHARD_SIM" $seed 100) || fail "shard_sim $seed under plan: $out"
+    echo "shard_sim $seed plan: $out"
+    [ "${out%, host*}" = "${native%, host*}" ] || fail "shard_sim $seed: bytes differ from the native run"
+    python3 - "$tmp/sh.json" <<'PY' || fail "shard_sim $seed: stats"
+import json, sys
+s = json.load(open(sys.argv[1]))
+print(f"  plan: {s['plan_builds']} made, predicted {s['plan_bytes_in'] >> 20} MiB in per iteration; moves on time "
+      f"{s['plan_on_time']}, late {s['plan_late']}, dropped {s['plan_dropped']}, over {s['plan_laps']} iterations")
+assert s["plan_builds"] == 1 and s["plan_laps"] >= 10 and s["plan_on_time"] > 0, "the plan was not made and followed"
+PY
+  done
+  ;;
 doors)
   PSSHIM_GPU_BUDGET=64M PSSHIM_HOST_BUDGET=64M EXPECT_TOTAL_BYTES=$((128 << 20)) under_psshim "$prog" \
     || fail "doors"
