@@ -35,7 +35,7 @@ static const struct option_def option_table[] = {
    NULL, &ps_options.gpu_budget, &ps_options.gpu_budget_frac, NULL},
   {"PSSHIM_GPU_RESERVE", OPT_SIZE, "a size (e.g. 2G) left to memory psshim does not manage",
    NULL, &ps_options.gpu_reserve, NULL, NULL},
-  {"PSSHIM_HOST_BUDGET", OPT_SIZE_OR_PCT, "a size (e.g. 64G) or a percentage of physical RAM (e.g. 50%)",
+  {"PSSHIM_HOST_BUDGET", OPT_SIZE_OR_PCT, "a size (e.g. 64G) or a percentage of RAM (e.g. 50%)",
    NULL, &ps_options.host_budget, &ps_options.host_budget_frac, NULL},
   /* Unset: the allocator picks one for the node (PSA_DEFAULT_CHUNK, allocator/space.c). */
   {"PSSHIM_CHUNK_SIZE", OPT_SIZE, "a non-zero size that is a multiple of 2M (e.g. 16M)",
