@@ -9,6 +9,7 @@ timeout:
   psshim-auto    LD_PRELOAD=<--psshim-lib> PSSHIM_GPU_BUDGET=<budget> PSSHIM_POLICY=auto
                  PSSHIM_STATS=<file>.json (bytes_h2d, bytes_d2h, steps are read from it)
   psshim-static  the same with PSSHIM_POLICY=static
+  psshim-plan    the same with PSSHIM_POLICY=plan (not in the default set of methods)
   fsdp-offload   FSDP2 fully_shard + CPUOffloadPolicy(pin_memory=True), world size 1,
                  torch memory fraction = budget (gpt_train.py --fsdp-offload --memory-budget)
   deepspeed-offload  DeepSpeed ZeRO-Offload (ZeRO-2, optimizer on the host, DeepSpeedCPUAdam),
@@ -48,7 +49,9 @@ import benchlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRAIN_SCRIPT = os.path.join(HERE, "gpt_train.py")
-METHODS = ("psshim-auto", "psshim-static", "fsdp-offload", "deepspeed-offload", "native-budget", "psshim-auto-base")
+METHODS = ("psshim-auto", "psshim-static", "fsdp-offload", "deepspeed-offload", "native-budget", "psshim-auto-base",
+           "psshim-plan")
+DEFAULT_METHODS = [m for m in METHODS if m != "psshim-plan"]
 SIZE_FLAGS = ("layers", "hidden", "heads", "seq", "batch", "vocab")
 FSDP_BYTES_NOTE = ("estimate, no counters: fp32 parameters copied host->device in forward and "
                    "again in backward (4+4 B/param), fp32 gradients device->host (4 B/param)")
@@ -83,8 +86,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "iteration's period in its first 4-6 steps and pages by it after)")
     p.add_argument("--ratios", type=parse_floats, default=[1.0, 1.25, 1.5, 2.0, 3.0, 4.0],
                    help="peak/budget ratios, comma separated (default: 1,1.25,1.5,2,3,4)")
-    p.add_argument("--methods", type=parse_methods, default=list(METHODS),
-                   help=f"comma separated subset of {','.join(METHODS)} (default: all)")
+    p.add_argument("--methods", type=parse_methods, default=DEFAULT_METHODS,
+                   help=f"comma separated subset of {','.join(METHODS)} (default: all but psshim-plan)")
     p.add_argument("--timeout", type=float, default=300,
                    help="seconds per run before it is killed (default: 300)")
     p.add_argument("--max-total-s", type=float, default=540,
