@@ -84,10 +84,14 @@ CUresult psa_alloc(int ordinal, size_t size, CUstream stream, CUdeviceptr *p)
   if (!s) {
     d->stats.failed_allocs++;
     pthread_mutex_unlock(&d->lock);
+    /* What would have held it: the live bytes and this one, less the GPU budget, on the host
+     * (a lower bound: chunks also hold freed gaps). */
+    uint64_t need = d->stats.live_bytes + asize, gpu = d->stats.gpu_budget;
     ps_error("out of memory on device %d: %zu bytes asked; GPU budget (%llu MiB) and host budget (%llu MiB) are "
-             "both in use (PSSHIM_GPU_BUDGET, PSSHIM_HOST_BUDGET)",
-             ordinal, size, (unsigned long long)(d->stats.gpu_budget >> 20),
-             (unsigned long long)(d->stats.host_budget >> 20));
+             "both in use, %llu MiB live: PSSHIM_HOST_BUDGET of at least %lluM would hold it",
+             ordinal, size, (unsigned long long)(gpu >> 20), (unsigned long long)(d->stats.host_budget >> 20),
+             (unsigned long long)(d->stats.live_bytes >> 20),
+             (unsigned long long)(((need > gpu ? need - gpu : 0) + d->chunk_size - 1) / d->chunk_size * d->chunk_size >> 20));
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   s->live_bytes += asize;

@@ -56,6 +56,14 @@ spill = s["peak_host_bytes"] > 0
 assert spill == (budget != "96M"), f"host frames used: {spill}"
 PY
   done
+  # Out of both budgets (96 MiB peak in 24 + 16 MiB): the allocation fails with one line that
+  # names both budgets and a host budget that would have held what was live and asked.
+  err=$(under_psshim PSSHIM_GPU_BUDGET=24M PSSHIM_HOST_BUDGET=16M "$prog" 6 8 4 2>&1 >/dev/null) \
+    && fail "96 MiB ran within 24 + 16 MiB"
+  line=$(grep "^psshim: out of memory" <<<"$err")
+  [[ $(grep -c . <<<"$line") = 1 && $line =~ GPU\ budget\ \(24\ MiB\).*host\ budget\ \(16\ MiB\).*PSSHIM_HOST_BUDGET\ of\ at\ least\ ([0-9]+)M ]] \
+    && [ "${BASH_REMATCH[1]}" -gt 16 ] || fail "out of both budgets, the line is not one naming them and a larger host budget: $err"
+  echo "out of both budgets: $line"
   ;;
 train_auto)
   # The pager (PSSHIM_POLICY=auto) moving chunks while the loop runs, with the fake driver
