@@ -70,6 +70,7 @@ struct psa_shard {
   bool *paged_in;                       /* per chunk: on a GPU frame of its own, pieces kept */
   uint64_t *seen_sum;                   /* per chunk: this rank's checksum of it at the last round */
   uint32_t *gather_frame;               /* per chunk: the GPU frame taken for its gather */
+  bool *refused;                        /* per chunk: could not be made private, left unmapped */
   bool comm_ready, comm_failed;         /* psshim's NCCL communicator, made at the first gather */
   bool gathering;                       /* NCCL is filling the gather frames (lock dropped) */
   pthread_cond_t gathered;              /* ... and has finished */
@@ -124,8 +125,9 @@ static struct psa_shard *state(struct device *d)
   st->seen_sum = calloc(d->nchunks, sizeof *st->seen_sum);
   st->gather_frame = calloc(d->nchunks, sizeof *st->gather_frame);
   st->pieces = calloc(d->nchunks * (uint64_t)n, sizeof *st->pieces);
+  st->refused = calloc(d->nchunks, sizeof *st->refused);
   if (!st->sums || !st->agree || !st->agreed_before || !st->rewritten || !st->shared_sum || !st->paged_in ||
-      !st->seen_sum || !st->gather_frame || !st->pieces)
+      !st->seen_sum || !st->gather_frame || !st->pieces || !st->refused)
     goto fail;
   memset(st->gather_frame, 0xff, d->nchunks * sizeof *st->gather_frame); /* PSA_NO_FRAME */
   pthread_cond_init(&st->gathered, NULL);
@@ -146,7 +148,7 @@ fail_stream:
 fail:
   if (st) {
     free(st->sums), free(st->agree), free(st->agreed_before), free(st->rewritten), free(st->shared_sum);
-    free(st->paged_in), free(st->seen_sum), free(st->gather_frame), free(st->pieces);
+    free(st->paged_in), free(st->seen_sum), free(st->gather_frame), free(st->pieces), free(st->refused);
     free(st);
   }
   return NULL;
@@ -246,14 +248,12 @@ static void release_pieces(struct device *d, uint64_t chunk)
     }
 }
 
-/* Maps the chunk's pieces in order at its address, in place of its own frame. */
-static bool map_pieces(struct device *d, uint64_t chunk)
+/* Maps the chunk's pieces in order at its unmapped address; all or none. */
+static bool place_pieces(struct device *d, uint64_t chunk)
 {
   struct psa_shard *st = d->shard;
   CUdeviceptr va = chunk_va(d, chunk);
   const CUmemGenericAllocationHandle *h = &st->pieces[chunk * (uint64_t)st->n];
-  if (PS_CU(ps_driver.cuMemUnmap(va, d->chunk_size)))
-    return false;
   int r = 0;
   while (r < st->n && !PS_CU(ps_driver.cuMemMap(va + (uint64_t)r * st->len, st->len, 0, h[r], 0)))
     r++;
@@ -262,6 +262,17 @@ static bool map_pieces(struct device *d, uint64_t chunk)
   if (r == st->n && !PS_CU(ps_driver.cuMemSetAccess(va, d->chunk_size, &access, 1)))
     return true;
   unmap_pieces(d, chunk, r);
+  return false;
+}
+
+/* Maps the chunk's pieces in order at its address, in place of its own frame. */
+static bool map_pieces(struct device *d, uint64_t chunk)
+{
+  CUdeviceptr va = chunk_va(d, chunk);
+  if (PS_CU(ps_driver.cuMemUnmap(va, d->chunk_size)))
+    return false;
+  if (place_pieces(d, chunk))
+    return true;
   if (psa_map(d, va, d->frames[d->chunks[chunk].frame].handle)) /* back onto the frame that holds the data */
     ps_error("chunk %llu of device %d could not be remapped: its data is unreachable", (unsigned long long)chunk,
              d->ordinal);
@@ -340,17 +351,36 @@ static void share(struct device *d, uint64_t chunk)
     stop_sharing();
 }
 
-/* Maps the chunk's own frame f, which holds its bytes, in place of its pieces. */
-static void onto_frame(struct device *d, uint64_t chunk, uint32_t f)
+/* A shared chunk that cannot be made this rank's own (no memory for it at all, or the
+ * driver refuses): rather than let this rank's write reach the other ranks' data, its
+ * addresses are left unmapped (its pieces kept until it is freed), so the work that
+ * touches it fails on this rank with the driver's error; nothing is shared any more. */
+static void refuse_writes(struct device *d, uint64_t chunk, bool mapped)
+{
+  ps_error("chunk %llu of device %d is shared with the node's other ranks and cannot be made this rank's own: "
+           "its addresses are left unmapped, so work that touches it fails here instead of changing their data",
+           (unsigned long long)chunk, d->ordinal);
+  if (mapped)
+    unmap_pieces(d, chunk, d->shard->n);
+  d->shard->refused[chunk] = true;
+  stop_sharing();
+}
+
+/* Maps the chunk's own frame f, which holds its bytes, in place of its pieces; false when
+ * the driver refuses: the chunk is back on its pieces, or (*unmapped) on nothing. */
+static bool onto_frame(struct device *d, uint64_t chunk, uint32_t f, bool *unmapped)
 {
   unmap_pieces(d, chunk, d->shard->n);
-  if (psa_map(d, chunk_va(d, chunk), d->frames[f].handle)) {
+  if (psa_map(d, chunk_va(d, chunk), d->frames[f].handle) == CUDA_SUCCESS) {
+    d->chunks[chunk].frame = f;
+    psa_span_relist(d, d->chunks[chunk].span);
+    return true;
+  }
+  *unmapped = !place_pieces(d, chunk);
+  if (*unmapped)
     ps_error("chunk %llu of device %d could not be remapped: its data is unreachable", (unsigned long long)chunk,
              d->ordinal);
-    _exit(1);
-  }
-  d->chunks[chunk].frame = f;
-  psa_span_relist(d, d->chunks[chunk].span);
+  return false;
 }
 
 /* Collective, at a round (device synchronized): the shared chunks every rank used in the
@@ -447,7 +477,13 @@ static void gather_used(struct device *d, uint64_t period)
       psa_frame_give(d, f);
       continue;
     }
-    onto_frame(d, i, f);
+    bool unmapped = false;
+    if (!onto_frame(d, i, f, &unmapped)) {
+      psa_frame_give(d, f);
+      if (unmapped)
+        refuse_writes(d, i, false);
+      continue;
+    }
     st->paged_in[i] = true;
     d->stats.shared_gathers++;
     d->stats.gathered_bytes += d->chunk_size;
@@ -582,8 +618,9 @@ static void let_go(struct device *d, uint64_t chunk)
 void psa_shard_drop(struct device *d, uint64_t chunk)
 {
   wait_gather(d, chunk);
-  if (d->chunks[chunk].frame == psa_shared_frame(d))
+  if (d->chunks[chunk].frame == psa_shared_frame(d) && !d->shard->refused[chunk])
     unmap_pieces(d, chunk, d->shard->n);
+  d->shard->refused[chunk] = false;
   forget_pieces(d, chunk);
 }
 
@@ -614,7 +651,7 @@ void psa_unshare(struct device *d, uint64_t chunk)
 {
   struct psa_shard *st = d->shard;
   wait_gather(d, chunk);
-  if (d->chunks[chunk].frame != psa_shared_frame(d)) /* gathered meanwhile */
+  if (d->chunks[chunk].frame != psa_shared_frame(d) || st->refused[chunk]) /* gathered meanwhile, or said */
     return;
   uint32_t f = atomic_load(&stopped) ? PSA_NO_FRAME : psa_frame_take(d, PSA_GPU);
   bool keep = f != PSA_NO_FRAME;
@@ -626,13 +663,14 @@ void psa_unshare(struct device *d, uint64_t chunk)
     return;
   }
   CUdeviceptr va = chunk_va(d, chunk);
+  bool unmapped = false;
   if (f == PSA_NO_FRAME || PS_CU(ps_driver.cuMemcpyAsync(d->frames[f].staging, va, d->chunk_size, st->stream)) ||
-      PS_CU(ps_driver.cuStreamSynchronize(st->stream))) {
-    ps_error("chunk %llu of device %d is shared with the node's other ranks and cannot be made this rank's own: "
-             "stopping, rather than let this rank's writes reach their data", (unsigned long long)chunk, d->ordinal);
-    _exit(1);
+      PS_CU(ps_driver.cuStreamSynchronize(st->stream)) || !onto_frame(d, chunk, f, &unmapped)) {
+    if (f != PSA_NO_FRAME)
+      psa_frame_give(d, f);
+    refuse_writes(d, chunk, !unmapped);
+    return;
   }
-  onto_frame(d, chunk, f);
   if (keep) {
     st->paged_in[chunk] = true;
     d->stats.shared_pageins++;
