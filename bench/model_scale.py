@@ -422,7 +422,7 @@ class TimeUp(Exception):
     """--max-total-s leaves no time for another probe."""
 
 
-class Session:
+class Probes:
     """One call: its probes (written to --out after each), the outcomes of --prior calls."""
 
     def __init__(self, a, machine: dict, rungs: list, prior_rows: list):
@@ -725,11 +725,11 @@ def merge(a) -> int:
     return report(a, result)
 
 
-def dry_run(a, machine: dict, session: Session) -> int:
-    rungs = session.rungs
+def dry_run(a, machine: dict, probes: Probes) -> int:
+    rungs = probes.rungs
     print(f"# model_scale dry run: GPT ladder at seq {a.seq}, batch {a.batch}, vocab {a.vocab}, checkpointing, "
-          f"{a.steps} steps (median after {a.warmup}); commit {session.commit['commit']} "
-          f"({session.commit['commit_source']})")
+          f"{a.steps} steps (median after {a.warmup}); commit {probes.commit['commit']} "
+          f"({probes.commit['commit_source']})")
     gb, hb = psshim_budgets(machine, a.psshim_env, None)[:2]
     print(f"# {machine['gpu_name']}: {benchlib.gib(machine['gpu_bytes'], 1)} GiB; host "
           f"{benchlib.gib(machine['host_bytes'], 1)} GiB ({machine['host_bytes_source']}), less "
@@ -745,12 +745,12 @@ def dry_run(a, machine: dict, session: Session) -> int:
           "/".join(benchlib.gib(x, 1) for x in activations(r, a))] + cells(r) for r in rungs]))
     print("\n# first probe of each method (the search picks the next from its outcome):")
     for m in a.methods:
-        r = rungs[session.start_index(m)]
+        r = rungs[probes.start_index(m)]
         why = method_unavailable(m)
         print(f"# {label_of(m, a.psshim_env)}: start {r.name} ({r.params / 1e9:.2f}B)" + (f"; skipped: {why}" if why else ""))
         print(make_run(a, m, r).shell())
     for m, name in a.only:
-        print(f"# --only {m}:{name}\n{make_run(a, m, session.by_name[name]).shell()}")
+        print(f"# --only {m}:{name}\n{make_run(a, m, probes.by_name[name]).shell()}")
     return 0
 
 
@@ -855,27 +855,27 @@ def main(argv=None) -> int:
     if a.merge:
         return merge(a)
     machine = machine_info(a)
-    session = Session(a, machine, select(ladder(a.vocab, a.seq), a.sizes), load_prior(a))
-    unknown = [name for _, name in a.only if name not in session.by_name]
-    if unknown or not session.rungs:
+    probes = Probes(a, machine, select(ladder(a.vocab, a.seq), a.sizes), load_prior(a))
+    unknown = [name for _, name in a.only if name not in probes.by_name]
+    if unknown or not probes.rungs:
         raise SystemExit(f"model_scale: no such rung(s) {unknown}" if unknown else "model_scale: --sizes selects no rung")
     if a.dry_run:
-        return dry_run(a, machine, session)
+        return dry_run(a, machine, probes)
     try:
         for method, name in a.only:
-            session.probe(method, session.by_name[name])
+            probes.probe(method, probes.by_name[name])
         if not a.only:
             for method in a.methods if a.refs_first else []:
-                session.refs(method, first=True)
+                probes.refs(method, first=True)
             for method in a.methods:
-                session.search(method)
+                probes.search(method)
             for method in a.methods:
-                session.refs(method)
+                probes.refs(method)
     except TimeUp as stop:
-        session.result["stopped"] = str(stop)
+        probes.result["stopped"] = str(stop)
         print(f"model_scale: {stop}: writing what there is", flush=True)
-    session.save()
-    return report(a, session.result)
+    probes.save()
+    return report(a, probes.result)
 
 
 if __name__ == "__main__":
