@@ -9,7 +9,9 @@
  * copies fewer chunks in). When: each eviction right after the chunk's last use before
  * it, each fetch as early as the frames left free over the moments up to its use allow,
  * the fetch needed first choosing first. How long: a replay of the moments against the
- * two copy engines. */
+ * two copy engines. With a lag (the host running ahead of the GPU), a chunk stays busy
+ * that many moments after each use: OPT picks victims among the chunks that have quieted,
+ * a busy chunk is not fetched (read in place), and each move waits for its chunk to quiet. */
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -17,7 +19,7 @@
 
 #include "policy/internal.h"
 
-enum { WARM = 3, REPLAYS = 3 }; /* iterations: to warm OPT up, to replay */
+enum { WARM = 3, REPLAYS = 3, DIRT_ROUNDS = 4 }; /* iterations: to warm OPT up, to replay, to agree on dirt */
 
 /* A move where demand paging made it, before it is moved earlier. */
 typedef struct dmove {
@@ -29,7 +31,14 @@ typedef struct dmove {
   uint64_t bytes;
   int64_t pos;       /* where it is issued: moment of this iteration, < 0 the previous one's */
   int64_t lb;        /* fetch: the earliest pos, its chunk's eviction before it */
+  int64_t quiet;     /* with a lag: the earliest pos, the lag after the chunk's latest use */
 } dmove;
+
+/* A chunk on the GPU used at moment `at`: not movable before at + lag. */
+typedef struct busy {
+  uint32_t chunk;
+  int64_t at;
+} busy;
 
 /* ---- demand paging with OPT ---- */
 
@@ -46,6 +55,14 @@ typedef struct pager {
   size_t *slot, n_heap;
   uint64_t used;
   uint32_t *last;     /* 1 + the moment of the chunk's last use in this pass, 0: none */
+  /* the lag (when above 1): chunks used within it are off the heap, in `recent` by use */
+  uint32_t lag;
+  int64_t *used_at;   /* the moment of the chunk's latest use, on the GPU or not */
+  const int64_t *final_use;  /* the moment of its last use in the iteration, -1: none */
+  bool *busy_now;     /* on the GPU and used within the lag: in `recent`, not on the heap */
+  busy *recent;
+  size_t head, n_recent, cap_recent;
+  uint64_t movable;   /* bytes on the heap */
   /* what a closing pass records */
   dmove *mv;
   size_t n_mv, cap_mv;
@@ -92,22 +109,87 @@ static void sift(pager *p, size_t i)
 static void rekey(pager *p, uint32_t c, uint64_t key)
 {
   p->key[c] = key;
-  sift(p, p->slot[c]);
+  if (!p->busy_now[c]) sift(p, p->slot[c]);
+}
+
+static void heap_insert(pager *p, uint32_t c)
+{
+  heap_put(p, p->n_heap++, c);
+  sift(p, p->n_heap - 1);
+  p->movable += p->bytes[c];
+}
+
+static void heap_remove(pager *p, uint32_t c)
+{
+  size_t i = p->slot[c], last = --p->n_heap;
+  if (i != last) {
+    heap_put(p, i, p->heap[last]);
+    sift(p, i);
+  }
+  p->movable -= p->bytes[c];
+}
+
+/* The array a of n elements with room for one more (grown), or NULL (p->oom set). */
+static void *room_for(pager *p, void *a, size_t *cap, size_t n, size_t elem)
+{
+  if (n < *cap) return a;
+  size_t c = *cap ? 2 * *cap : 64;
+  void *r = realloc(a, c * elem);
+  if (!r) {
+    p->oom = true;
+    return NULL;
+  }
+  *cap = c;
+  return r;
+}
+
+/* A GPU chunk used at `now` leaves the heap until the lag has passed. */
+static void hold(pager *p, uint32_t c, int64_t now)
+{
+  busy *r = room_for(p, p->recent, &p->cap_recent, p->n_recent, sizeof *r);
+  if (!r) return;
+  p->recent = r;
+  if (!p->busy_now[c]) heap_remove(p, c);
+  p->busy_now[c] = true;
+  p->recent[p->n_recent++] = (busy){c, now};
+}
+
+/* With a lag, a closing pass cannot move a chunk used within the lag before the iteration's
+ * end by its close: one of the start placement stays on the GPU throughout, another is
+ * never fetched. */
+static bool sticky(const pager *p, uint32_t c)
+{
+  return !p->cyclic && p->lag > 1 && p->final_use[c] >= 0 && p->final_use[c] + p->lag > p->period;
+}
+
+/* Chunks whose latest use lies the lag back go back on the heap. */
+static void release(pager *p, int64_t now)
+{
+  for (; p->head < p->n_recent && p->recent[p->head].at + p->lag <= now; p->head++) {
+    uint32_t c = p->recent[p->head].chunk;
+    if (p->on[c] && p->busy_now[c] && p->used_at[c] == p->recent[p->head].at && !sticky(p, c)) {
+      p->busy_now[c] = false;
+      heap_insert(p, c);
+    }
+  }
+  if (p->head > 64 && 2 * p->head > p->n_recent) {  /* keep the queue from growing */
+    memmove(p->recent, p->recent + p->head, (p->n_recent - p->head) * sizeof *p->recent);
+    p->n_recent -= p->head;
+    p->head = 0;
+  }
+}
+
+/* The earliest moment c may move at, its latest use the lag back (at once below a lag of 2). */
+static int64_t quiet_from(const pager *p, uint32_t c)
+{
+  return p->lag > 1 ? p->used_at[c] + p->lag : INT64_MIN;
 }
 
 static void record(pager *p, dmove m)
 {
-  if (p->cyclic) return;
-  if (p->n_mv == p->cap_mv) {
-    size_t cap = p->cap_mv ? 2 * p->cap_mv : 64;
-    dmove *mv = realloc(p->mv, cap * sizeof *mv);
-    if (!mv) {
-      p->oom = true;
-      return;
-    }
-    p->mv = mv;
-    p->cap_mv = cap;
-  }
+  dmove *mv = p->cyclic ? NULL : room_for(p, p->mv, &p->cap_mv, p->n_mv, sizeof *mv);
+  if (!mv) return;
+  p->mv = mv;
   p->mv[p->n_mv++] = m;
 }
 
@@ -124,11 +206,8 @@ static uint64_t key_from(const pager *p, uint32_t c, uint64_t from)
 
 static void evict(pager *p, uint32_t c, uint64_t t)
 {
-  size_t i = p->slot[c], last = --p->n_heap;
-  if (i != last) {
-    heap_put(p, i, p->heap[last]);
-    sift(p, i);
-  }
+  if (!p->busy_now[c]) heap_remove(p, c);  /* busy: only at the close */
+  p->busy_now[c] = false;
   p->on[c] = false;
   p->used -= p->bytes[c];
   bool fresh;  /* written data leaves with a copy unless it dies before it is read again */
@@ -136,7 +215,7 @@ static void evict(pager *p, uint32_t c, uint64_t t)
   uint64_t copy = p->dirty[c] && next != PSP_NEVER && !fresh ? p->bytes[c] : 0;
   p->dirty[c] = false;
   p->bytes_out += copy;
-  record(p, (dmove){.chunk = c, .t = (uint32_t)t, .after = p->last[c], .bytes = copy});
+  record(p, (dmove){.chunk = c, .t = (uint32_t)t, .after = p->last[c], .bytes = copy, .quiet = quiet_from(p, c)});
 }
 
 static void fetch(pager *p, uint32_t c, uint64_t t, uint32_t need, bool fresh, bool written)
@@ -145,11 +224,11 @@ static void fetch(pager *p, uint32_t c, uint64_t t, uint32_t need, bool fresh, b
   p->dirty[c] = written;
   p->used += p->bytes[c];
   p->key[c] = t;
-  heap_put(p, p->n_heap++, c);
-  sift(p, p->n_heap - 1);
+  heap_insert(p, c);
   uint64_t copy = fresh ? 0 : p->bytes[c];
   p->bytes_in += copy;
-  record(p, (dmove){.chunk = c, .fetch = true, .t = (uint32_t)t, .need = need, .bytes = copy});
+  record(p, (dmove){.chunk = c, .fetch = true, .t = (uint32_t)t, .need = need, .bytes = copy,
+                    .quiet = quiet_from(p, c)});
 }
 
 /* Moment t (absolute in cyclic passes): its chunks onto the GPU where they fit beside
@@ -161,10 +240,16 @@ static void run_moment(pager *p, uint64_t t)
   uint64_t nonmodel = psp_schedule_nonmodel(p->s, t);
   uint64_t room = p->budget > nonmodel ? p->budget - nonmodel : 0, pinned = 0;
   uint32_t m = (uint32_t)(t % p->period);
+  int64_t now = (int64_t)t;
+  if (p->lag > 1) release(p, now);
   for (size_t i = 0; i < n; i++)
-    if (p->on[u[i].chunk]) rekey(p, u[i].chunk, t);  /* the smallest key: evicted last */
-  /* the non-model bytes grew: what this moment uses leaves too if nothing else is left */
-  while (p->used > room) evict(p, p->heap[0], t);
+    if (p->on[u[i].chunk] && p->lag > 1)
+      hold(p, u[i].chunk, now);
+    else if (p->on[u[i].chunk])
+      rekey(p, u[i].chunk, t);  /* the smallest key: evicted last */
+  /* the non-model bytes grew: what this moment uses leaves too if nothing else is left
+   * (with a lag, only what has quieted) */
+  while (p->used > room && p->n_heap) evict(p, p->heap[0], t);
   for (size_t i = 0; i < n; i++)
     if (p->on[u[i].chunk]) pinned += p->bytes[u[i].chunk];
   bool host = false;
@@ -172,47 +257,68 @@ static void run_moment(pager *p, uint64_t t)
     uint32_t c = u[i].chunk;
     if (p->on[c]) {
       p->dirty[c] |= u[i].written;
-      sift(p, p->slot[c]);
+      if (!p->busy_now[c]) sift(p, p->slot[c]);
       continue;
     }
-    if (pinned + p->bytes[c] > room) {  /* cannot fit beside what this moment holds */
+    /* cannot fit beside what this moment holds and what has not quieted, or itself busy */
+    if (pinned + p->bytes[c] > room || p->used - p->movable + p->bytes[c] > room || quiet_from(p, c) > now ||
+        sticky(p, c)) {
       host = true;
       if (!p->cyclic) p->in_place[m] += p->bytes[c];
       continue;
     }
     while (p->used + p->bytes[c] > room) evict(p, p->heap[0], t);
     fetch(p, c, t, m, u[i].fresh, u[i].written);
+    if (p->lag > 1) hold(p, c, now);
     pinned += p->bytes[c];
   }
   if (!p->cyclic) p->occ[m] = p->used;
   p->in_place_moments += host;
-  for (size_t i = 0; i < n; i++)
+  for (size_t i = 0; i < n; i++) {
+    p->used_at[u[i].chunk] = now;
     if (p->on[u[i].chunk]) {
       rekey(p, u[i].chunk, key_from(p, u[i].chunk, t + 1));
       p->last[u[i].chunk] = m + 1;
     }
+  }
 }
 
-/* Starts a pass from placement on[] with dirt dirty[] (NULL: all in host memory). */
+static int earlier_use(const void *a, const void *b)
+{
+  const busy *x = a, *y = b;
+  return (x->at > y->at) - (x->at < y->at);
+}
+
+/* Starts a pass from placement on[] with dirt dirty[] (NULL: all in host memory). A
+ * closing pass's chunks were last used where the iteration before it used them last: those
+ * used within the lag before its start are busy. */
 static void start_pass(pager *p, bool cyclic, const bool *on, const bool *dirty)
 {
   p->cyclic = cyclic;
   p->n_heap = 0;
-  p->used = 0;
+  p->used = p->movable = 0;
   p->n_mv = 0;
+  p->head = p->n_recent = 0;
   p->bytes_in = p->bytes_out = 0;
   p->in_place_moments = 0;
   memset(p->last, 0, p->n * sizeof *p->last);
   memset(p->in_place, 0, p->period * sizeof *p->in_place);
   for (uint32_t c = 0; c < p->n; c++) {
+    p->used_at[c] = cyclic || p->final_use[c] < 0 ? INT64_MIN / 2 : p->final_use[c] - p->period;
     p->on[c] = on && on[c];
     p->dirty[c] = p->on[c] && dirty[c];
+    p->busy_now[c] = p->on[c] && (quiet_from(p, c) > 0 || sticky(p, c));
     if (!p->on[c]) continue;
     p->used += p->bytes[c];
     p->key[c] = key_from(p, c, 0);
-    heap_put(p, p->n_heap++, c);
-    sift(p, p->n_heap - 1);
+    if (p->busy_now[c] && p->n_recent < p->cap_recent)
+      p->recent[p->n_recent++] = (busy){c, p->used_at[c]};
+    else if (p->busy_now[c])
+      p->oom = true;  /* the queue is sized for every chunk before a closing pass */
+    else
+      heap_insert(p, c);
   }
+  if (p->n_recent) qsort(p->recent, p->n_recent, sizeof *p->recent, earlier_use);
 }
 
 /* One iteration from placement keep[] that ends on it again. */
@@ -225,6 +331,41 @@ static void closing_pass(pager *p, const bool *dirty)
   for (uint32_t c = 0; c < p->n; c++)
     if (p->keep[c] && !p->on[c])
       fetch(p, c, p->period, (uint32_t)psp_use_from(p->s, c, 0), false, false);
+}
+
+/* A chunk of the start placement evicted before any use, then fetched back at the close,
+ * need not be in the start placement at all: both moves go (the frame it held only frees
+ * earlier). Otherwise, moved early, the eviction could come before the fetch it follows.
+ * One kept on at the close instead leaves with the dirt the iteration ended with (the
+ * start's came from the warm-up, which may differ). */
+static bool settle_start(pager *p)
+{
+  size_t *first = malloc((p->n ? p->n : 1) * sizeof *first);
+  if (!first) return false;
+  for (uint32_t c = 0; c < p->n; c++) first[c] = SIZE_MAX;
+  for (size_t i = 0; i < p->n_mv; i++)
+    if (first[p->mv[i].chunk] == SIZE_MAX) first[p->mv[i].chunk] = i;
+  for (size_t i = 0; i < p->n_mv; i++) {
+    dmove *m = &p->mv[i], *f = &p->mv[first[m->chunk]];
+    if (m->fetch && m->t == p->period && !f->fetch && !f->after) {
+      p->bytes_in -= m->bytes;
+      p->bytes_out -= f->bytes;
+      p->keep[m->chunk] = false;
+      f->chunk = m->chunk = UINT32_MAX;  /* dropped below */
+    } else if (f == m && !m->fetch && !m->after) {
+      bool fresh;
+      uint64_t next = psp_use_fresh_from(p->s, m->chunk, m->t, &fresh);
+      uint64_t copy = p->on[m->chunk] && p->dirty[m->chunk] && next != PSP_NEVER && !fresh ? p->bytes[m->chunk] : 0;
+      p->bytes_out += copy - m->bytes;
+      m->bytes = copy;
+    }
+  }
+  size_t kept = 0;
+  for (size_t i = 0; i < p->n_mv; i++)
+    if (p->mv[i].chunk != UINT32_MAX) p->mv[kept++] = p->mv[i];
+  p->n_mv = kept;
+  free(first);
+  return true;
 }
 
 /* ---- moving moves earlier: frames left free by moment, a segment tree on the circle ---- */
@@ -342,9 +483,14 @@ static bool place_moves(pager *p, int64_t *free_bytes)
       m->lb = m->t == P ? INT64_MIN : last_evict[m->chunk];
       continue;
     }
-    /* no use before it in this iteration: right after its last use in the previous one */
-    m->pos = m->after ? m->after : (int64_t)p->last[m->chunk] - P;
-    circle_add(&t, m->pos, m->t, (int64_t)p->bytes[m->chunk]);
+    /* no use before it in this iteration: right after its last use in the previous one;
+     * with a lag, the lag after its latest use (at the close possibly past the end, its
+     * frame then held into the next iteration's first moments) */
+    m->pos = p->lag > 1 ? m->quiet : m->after ? m->after : (int64_t)p->last[m->chunk] - P;
+    if (m->pos <= m->t)
+      circle_add(&t, m->pos, m->t, (int64_t)p->bytes[m->chunk]);
+    else
+      circle_add(&t, m->t, m->pos, -(int64_t)p->bytes[m->chunk]);
     last_evict[m->chunk] = m->pos;
   }
 
@@ -354,6 +500,9 @@ static bool place_moves(pager *p, int64_t *free_bytes)
     if (!m->fetch) continue;
     if (m->lb == INT64_MIN)
       m->lb = last_evict[m->chunk] != INT64_MIN ? last_evict[m->chunk] - P : m->pos - P + 1;
+    int64_t quiet = m->t == P ? m->quiet - P : m->quiet;  /* a fetch at the close: counted from the next start */
+    if (p->lag > 1 && quiet > m->lb) m->lb = quiet < m->pos ? quiet : m->pos;
+    if (m->lb < m->pos - P + 1) m->lb = m->pos - P + 1;  /* within the period before its use */
     if (m->bytes) order[n_fetch++] = (by_use){m->need, m->chunk, i};  /* fresh: a frame at its use suffices */
   }
   qsort(order, n_fetch, sizeof *order, need_first);
@@ -552,11 +701,19 @@ int psp_plan_make(const psp_schedule *s, uint64_t budget, const psp_costs *c, ps
   pager p = {.s = s, .budget = budget, .period = P, .n = n, .bytes = bytes,
              .keep = calloc(nn, sizeof *p.keep), .on = calloc(nn, sizeof *p.on), .dirty = calloc(nn, sizeof *p.dirty),
              .key = malloc(nn * sizeof *p.key), .heap = malloc(nn * sizeof *p.heap), .slot = malloc(nn * sizeof *p.slot),
-             .last = malloc(nn * sizeof *p.last), .occ = calloc(P, sizeof *p.occ), .in_place = calloc(P, sizeof *p.in_place)};
+             .last = malloc(nn * sizeof *p.last), .occ = calloc(P, sizeof *p.occ), .in_place = calloc(P, sizeof *p.in_place),
+             .lag = c->lag < P ? c->lag : P, .used_at = malloc(nn * sizeof *p.used_at),
+             .busy_now = calloc(nn, sizeof *p.busy_now), .recent = malloc(nn * sizeof *p.recent), .cap_recent = nn};
+  int64_t *final_use = malloc(nn * sizeof *final_use);
   bool ok = bytes && start && free_bytes && p.keep && p.on && p.dirty && p.key && p.heap && p.slot &&
-            p.last && p.occ && p.in_place;
+            p.last && p.occ && p.in_place && p.used_at && p.busy_now && p.recent && final_use;
   if (ok) {
-    for (uint32_t k = 0; k < n; k++) bytes[k] = psp_schedule_chunk_bytes(s, k);
+    for (uint32_t k = 0; k < n; k++) bytes[k] = psp_schedule_chunk_bytes(s, k), final_use[k] = -1;
+    for (uint32_t t = 0; t < P; t++) {
+      const psp_use *u;
+      for (size_t i = 0, nu = psp_schedule_uses(s, t, &u); i < nu; i++) final_use[u[i].chunk] = t;
+    }
+    p.final_use = final_use;
     /* the start: the placement (and dirt) OPT reaches after WARM iterations from a cold start */
     start_pass(&p, true, NULL, NULL);
     for (uint64_t t = 0; t < (uint64_t)WARM * P; t++) run_moment(&p, t);
@@ -567,8 +724,14 @@ int psp_plan_make(const psp_schedule *s, uint64_t budget, const psp_costs *c, ps
       bool fresh;
       p.keep[x] = on[x] && psp_use_fresh_from(s, x, 0, &fresh) != PSP_NEVER && !fresh;
     }
-    closing_pass(&p, dirty);
-    ok = !p.oom && place_moves(&p, free_bytes) && emit(&p, out) && predict(s, c, p.in_place, out);
+    /* the start's dirt is the end's: with a lag the warm-up's may differ, so the pass is
+     * made again from the dirt it ended with, until they agree (a few times at most) */
+    for (int round = 0; round < DIRT_ROUNDS; round++) {
+      closing_pass(&p, dirty);
+      if (!memcmp(dirty, p.dirty, n * sizeof *dirty)) break;
+      memcpy(dirty, p.dirty, n * sizeof *dirty);
+    }
+    ok = !p.oom && settle_start(&p) && place_moves(&p, free_bytes) && emit(&p, out) && predict(s, c, p.in_place, out);
   }
   free(bytes);
   free(start);
@@ -580,6 +743,10 @@ int psp_plan_make(const psp_schedule *s, uint64_t budget, const psp_costs *c, ps
   free(p.heap);
   free(p.slot);
   free(p.last);
+  free(p.used_at);
+  free(p.busy_now);
+  free(p.recent);
+  free(final_use);
   free(p.occ);
   free(p.in_place);
   free(p.mv);

@@ -164,6 +164,10 @@ typedef struct psp_costs {
   double in_place;  /* bytes/s a kernel reads from host memory across PCIe */
   const uint64_t *moment_ns;  /* each moment's duration (period entries); NULL: default_ns */
   uint64_t default_ns;
+  /* Moments a chunk stays busy after a use (the host runs that far ahead of the GPU): one
+   * used at moment u is neither evicted nor fetched before moment u + lag. 0 or 1: at once
+   * after the use; a whole period or more: never while each iteration uses it. */
+  uint32_t lag;
 } psp_costs;
 
 typedef enum psp_dir { PSP_TO_GPU, PSP_TO_HOST } psp_dir;
@@ -192,8 +196,10 @@ typedef struct psp_plan {
 
 /* A steady plan for a sealed schedule of one iteration under `budget` GPU bytes (each
  * moment's non-model bytes taken first): OPT demand paging over an iteration that ends
- * where it began, each eviction issued right after the chunk's last use, each fetch as
- * early as free frames allow; write-back only of chunks written since they came in, and
+ * where it began, each eviction issued c->lag moments after the chunk's last use (right
+ * after it at lag 0 or 1), victims only among chunks that quiet by then (a chunk no frame
+ * can be freed for is read in place; growing non-model bytes that nothing quiet can make
+ * room for are left unmet), each fetch as early as free frames and the lag allow; write-back only of chunks written since they came in, and
  * nothing copied for fresh uses. With equal chunk sizes it has copied in as few chunks as
  * any cyclic placement in every case tests/unit/test_plan.c compared exhaustively.
  * step_ns replays three iterations: moments in order, each waiting for the fetches it

@@ -318,12 +318,70 @@ static void test_fresh(void **state)
   psp_schedule_free(s);
 }
 
+/* ---- lag: a chunk stays busy for `lag` moments after each use ---- */
+
+/* Moves of the plan that issue within the lag after a use of their chunk (the iteration
+ * repeats: uses before moment 0 are the previous iteration's). */
+static uint32_t moves_too_soon(const psp_schedule *s, const psp_plan *pl, uint32_t lag)
+{
+  uint32_t P = psp_schedule_period(s), soon = 0, L = lag < P ? lag : P;
+  for (size_t i = 0; i < pl->n_moves; i++) {
+    const psp_move *m = &pl->moves[i];
+    for (uint32_t k = 1; k < L; k++) {
+      const psp_use *u;
+      bool used = false;
+      for (size_t j = 0, nu = psp_schedule_uses(s, m->at + P - k, &u); j < nu; j++) used |= u[j].chunk == m->chunk;
+      if (used) {
+        soon++;
+        break;
+      }
+    }
+  }
+  return soon;
+}
+
+/* With a lag, no move issues within it after a use of its chunk, and a fetch never takes a
+ * frame before the eviction that frees it has issued (check_plan: the frames at each
+ * moment within the budget). The same schedules planned without the lag do move chunks
+ * that soon, so the rule is what keeps them apart. */
+static void test_lag(void **state)
+{
+  (void)state;
+  uint64_t rng = 23;
+  uint32_t soon_without = 0, moved = 0;
+  for (int round = 0; round < 300; round++) {
+    uint32_t chunks = 2 + tp_below(&rng, 16), moments = 2 + tp_below(&rng, 60), lag = 2 + tp_below(&rng, 12);
+    psp_schedule *s = psp_schedule_new();
+    for (uint32_t c = 0; c < chunks; c++) psp_schedule_chunk(s, c, (1 + tp_below(&rng, 3)) * MIB);
+    for (uint32_t t = 0; t < moments; t++) {
+      psp_schedule_moment(s, 0);
+      for (uint32_t k = tp_below(&rng, 3); k > 0; k--) psp_schedule_touch(s, tp_below(&rng, chunks), tp_below(&rng, 2));
+    }
+    assert_int_equal(psp_schedule_seal(s), 0);
+    uint64_t budget = (1 + tp_below(&rng, 10)) * MIB;
+    psp_costs c = FAST;
+    psp_plan pl;
+    assert_int_equal(psp_plan_make(s, budget, &c, &pl), 0);
+    soon_without += moves_too_soon(s, &pl, lag) > 0;
+    psp_plan_free(&pl);
+    c.lag = lag;
+    assert_int_equal(psp_plan_make(s, budget, &c, &pl), 0);
+    check_plan(s, budget, &pl);
+    assert_int_equal(moves_too_soon(s, &pl, lag), 0);
+    moved += pl.n_moves > 0;
+    psp_plan_free(&pl);
+    psp_schedule_free(s);
+  }
+  assert_true(soon_without > 30);
+  assert_true(moved > 50);
+}
+
 int main(void)
 {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fewest_bytes_in), cmocka_unit_test(test_write_back_only_written),
       cmocka_unit_test(test_timing),          cmocka_unit_test(test_cyclic),
-      cmocka_unit_test(test_fresh),
+      cmocka_unit_test(test_fresh),           cmocka_unit_test(test_lag),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
