@@ -9,6 +9,9 @@
  * kernel reading pinned host memory in place. */
 static const double H2D = 55.4e9, D2H = 55.3e9, BOTH = 96.4e9, IN_PLACE = 51e9;
 enum { DEFAULT_NS = 10000 }; /* a moment's duration when the trace has no launch times */
+/* The lag the plan assumes: a chunk moves only once the launches that used it have run,
+ * and the host runs up to PSSHIM_RUNAHEAD (default 256) launches ahead of the GPU. */
+enum { LAG = 256 };
 
 /* Each moment's duration: the time from its launch to the next one's (to the window's
  * end for the last). NULL when the launches do not match the moments, or out of memory. */
@@ -45,7 +48,7 @@ bool rp_plan(const struct rp_trace *t, const struct rp_accesses *a, FILE *out) {
   psp_schedule *s = rp_schedule(a, chunk, &chunks, &footprint);
   uint64_t *gaps = s ? launch_gaps(t, a) : NULL;
   const psp_costs costs = { .h2d = H2D, .d2h = D2H, .both = BOTH, .in_place = IN_PLACE, .moment_ns = gaps,
-                            .default_ns = DEFAULT_NS };
+                            .default_ns = DEFAULT_NS, .lag = LAG };
   psp_plan pl;
   bool ok = s && psp_plan_make(s, budget, &costs, &pl) == 0;
   if (ok && !rp_least_bound(a, &budget, 1, &least, &read_all)) {
@@ -74,8 +77,8 @@ bool rp_plan(const struct rp_trace *t, const struct rp_accesses *a, FILE *out) {
           (double)paged[PST_DIR_D2H] / 1e6);
   fprintf(out, "  step     %.4f s predicted: the moments %.4f s, %u of them waiting %.4f s for fetches\n",
           (double)pl.step_ns / 1e9, (double)pl.work_ns / 1e9, pl.waits, (double)pl.wait_ns / 1e9);
-  fprintf(out, "  (copies at %.1f GB/s in, %.1f out, %.1f both, in place %.1f; moment durations %s)\n", H2D / 1e9,
-          D2H / 1e9, BOTH / 1e9, IN_PLACE / 1e9,
+  fprintf(out, "  (copies at %.1f GB/s in, %.1f out, %.1f both, in place %.1f; a chunk movable %d moments after a use,\n"
+               "   PSSHIM_RUNAHEAD's default; moment durations %s)\n", H2D / 1e9, D2H / 1e9, BOTH / 1e9, IN_PLACE / 1e9, LAG,
           costs.moment_ns ? "from the gaps between the trace's launches: host time, the run's own paging waits included"
                           : "unknown: 10 us each");
   psp_plan_free(&pl);
