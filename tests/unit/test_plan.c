@@ -12,6 +12,7 @@
 #include "policy/policy.h"
 
 uint64_t tp_rand(uint64_t *state); /* test_policy_common.c */
+psp_schedule *tp_write_then_read(uint64_t a, uint64_t b);
 uint32_t tp_below(uint64_t *state, uint32_t n);
 
 #define MIB (1ull << 20)
@@ -169,14 +170,8 @@ static void test_write_back_only_written(void **state)
 {
   (void)state;
   /* A written at 0, B read at 1, room for one: A goes out with a copy, B without */
-  psp_schedule *s = psp_schedule_new();
-  psp_schedule_chunk(s, 0, MIB);
-  psp_schedule_chunk(s, 1, MIB);
-  psp_schedule_moment(s, 0);
-  psp_schedule_touch(s, 0, true);
-  psp_schedule_moment(s, 0);
-  psp_schedule_touch(s, 1, false);
-  assert_int_equal(psp_schedule_seal(s), 0);
+  psp_schedule *s = tp_write_then_read(MIB, MIB);
+  assert_non_null(s);
   psp_plan pl;
   assert_int_equal(psp_plan_make(s, MIB, &FAST, &pl), 0);
   check_plan(s, MIB, &pl);

@@ -11,6 +11,7 @@
 #include "policy/policy.h"
 
 uint64_t tp_rand(uint64_t *state);             /* test_policy_common.c */
+psp_schedule *tp_write_then_read(uint64_t a, uint64_t b);
 uint32_t tp_below(uint64_t *state, uint32_t n);
 
 #define MIB (1ull << 20)
@@ -101,14 +102,8 @@ static void test_write_back_only_dirty(void **state)
 {
   (void)state;
   /* A written at 0, B read at 1, one chunk fits: every moment misses */
-  psp_schedule *s = psp_schedule_new();
-  psp_schedule_chunk(s, 0, 3 * MIB);
-  psp_schedule_chunk(s, 1, 2 * MIB);
-  psp_schedule_moment(s, 0);
-  psp_schedule_touch(s, 0, true);
-  psp_schedule_moment(s, 0);
-  psp_schedule_touch(s, 1, false);
-  assert_int_equal(psp_schedule_seal(s), 0);
+  psp_schedule *s = tp_write_then_read(3 * MIB, 2 * MIB);
+  assert_non_null(s);
 
   psp_sim r;
   assert_int_equal(psp_simulate(s, 4 * MIB, PSP_POLICY_OPT, 3, &r), 0);
