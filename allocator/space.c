@@ -41,22 +41,19 @@ static uint64_t cgroup_limit(const char *path)
   return read ? (uint64_t)v : 0;
 }
 
-/* The memory this process may use: physical RAM, or its cgroup's limit where that is lower
- * (in a container 50% of the host's RAM can be more than the container may have). */
-static uint64_t usable_ram(void)
+uint64_t psa_ram_limit(uint64_t ram, const char *proc_cgroup, const char *cgroup_root)
 {
-  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  uint64_t ram = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
-  char line[512], path[600];
-  FILE *f = fopen("/proc/self/cgroup", "r");
+  char line[512], path[1200];
+  FILE *f = fopen(proc_cgroup, "r");
   while (f && fgets(line, sizeof line, f)) {
     line[strcspn(line, "\n")] = 0;
     uint64_t limit = 0;
+    const char *v1 = strstr(line, ":memory:");
     if (strncmp(line, "0::", 3) == 0) { /* cgroup v2 */
-      snprintf(path, sizeof path, "/sys/fs/cgroup%s/memory.max", line + 3);
+      snprintf(path, sizeof path, "%s%s/memory.max", cgroup_root, line + 3);
       limit = cgroup_limit(path);
-    } else if (strstr(line, ":memory:")) { /* cgroup v1 */
-      snprintf(path, sizeof path, "/sys/fs/cgroup/memory%s/memory.limit_in_bytes", strstr(line, ":memory:") + 8);
+    } else if (v1) { /* cgroup v1 */
+      snprintf(path, sizeof path, "%s/memory%s/memory.limit_in_bytes", cgroup_root, v1 + 8);
       limit = cgroup_limit(path);
     }
     if (limit && (!ram || limit < ram))
@@ -65,6 +62,15 @@ static uint64_t usable_ram(void)
   if (f)
     fclose(f);
   return ram;
+}
+
+/* The memory this process may use: physical RAM, or its cgroup's limit where that is lower
+ * (in a container 75% of the host's RAM can be more than the container may have). */
+static uint64_t usable_ram(void)
+{
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  uint64_t ram = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+  return psa_ram_limit(ram, "/proc/self/cgroup", "/sys/fs/cgroup");
 }
 
 static bool budgets(struct device *d)

@@ -4,6 +4,7 @@
  * gives the OOM code and breaks nothing else; stream-ordered frees are honoured.
  * Each scenario runs in a child process: the allocator's configuration is per process. */
 #include "allocator/allocator.h"
+#include "allocator/allocator_internal.h" /* psa_ram_limit */
 #include "core/core.h"
 #include "shim/shim.h"
 #include "tests/fakecuda/fakecuda.h"
@@ -1139,6 +1140,55 @@ static void test_two_devices(void **state)
   assert_int_equal(status, 0);
 }
 
+/* ---- the host budget's base: RAM, or the cgroup's memory limit where lower ---- */
+
+static void put(const char *dir, const char *name, const char *text)
+{
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+static void test_ram_limit_follows_cgroup(void **state)
+{
+  (void)state;
+  char root[] = "/tmp/psshim-cgroup-XXXXXX", dir[600], v1[600];
+  assert_non_null(mkdtemp(root));
+  snprintf(dir, sizeof dir, "%s/job/step", root);
+  snprintf(v1, sizeof v1, "%s/memory/old", root);
+  char job[600];
+  snprintf(job, sizeof job, "%s/job", root);
+  assert_int_equal(mkdir(job, 0700), 0);
+  assert_int_equal(mkdir(dir, 0700), 0);
+  snprintf(job, sizeof job, "%s/memory", root);
+  assert_int_equal(mkdir(job, 0700), 0);
+  assert_int_equal(mkdir(v1, 0700), 0);
+  const uint64_t ram = 64ull << 30;
+  char proc[640];
+  snprintf(proc, sizeof proc, "%s/cgroup", root);
+  /* v2, limited below RAM */
+  put(root, "cgroup", "0::/job/step\n");
+  put(dir, "memory.max", "17179869184\n");
+  assert_int_equal(psa_ram_limit(ram, proc, root), 16ull << 30);
+  /* v2 without a limit, or above RAM */
+  put(dir, "memory.max", "max\n");
+  assert_int_equal(psa_ram_limit(ram, proc, root), ram);
+  put(dir, "memory.max", "137438953472\n");
+  assert_int_equal(psa_ram_limit(ram, proc, root), ram);
+  /* v1's memory controller line among others */
+  put(root, "cgroup", "9:cpu:/\n4:memory:/old\n0::/\n");
+  put(v1, "memory.limit_in_bytes", "8589934592\n");
+  assert_int_equal(psa_ram_limit(ram, proc, root), 8ull << 30);
+  /* no such files: RAM */
+  assert_int_equal(psa_ram_limit(ram, "/nonexistent/cgroup", root), ram);
+  char cmd[700];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+  assert_int_equal(system(cmd), 0);
+}
+
 /* ---- a budget above the device fails its allocations, with one clear line, and the ----
  * ---- program goes on (psshim never ends it after start-up) ---- */
 
@@ -1165,6 +1215,7 @@ int main(void)
       cmocka_unit_test(test_stream_ordered_free),
       cmocka_unit_test(test_tensors_back_to_back),
       cmocka_unit_test(test_growing_span_is_not_reclaimed),
+      cmocka_unit_test(test_ram_limit_follows_cgroup),
       cmocka_unit_test(test_both_budgets_exhausted),
       cmocka_unit_test(test_migrate_roundtrip),
       cmocka_unit_test(test_budget_above_device),
