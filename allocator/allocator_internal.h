@@ -207,7 +207,8 @@ bool psa_live_next(struct device *d, uint64_t chunk, uint64_t *at, uint64_t *end
 extern _Atomic bool psa_allocs_agree; /* the allocation check passed: chunk ids match across ranks */
 /* Makes a shared chunk this rank's own before anything may touch it (a move: copy, remap):
  * paged in onto a GPU frame with its pieces kept when one can be had, else onto a host
- * frame; fatal only when no memory at all can be had for it. */
+ * frame; when no memory at all can be had for it, its addresses are left unmapped (the
+ * touching work fails on this rank, the other ranks' data stays theirs) and sharing ends. */
 void psa_unshare(struct device *d, uint64_t chunk);
 /* Whether the chunk is a shared one paged in (on a GPU frame of its own, pieces kept). */
 bool psa_shard_paged_in(const struct device *d, uint64_t chunk);
