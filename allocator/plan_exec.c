@@ -13,10 +13,10 @@
  * on any of it: a chunk left in a host frame is read in place. Until the plan is made,
  * auto decides.
  *
- * Not recorded: when a chunk holds nothing live (psp_schedule_empty). Knowing it takes a
- * hook where allocations free; without it, freed and reallocated activations count as data
- * to copy, and the plan's predicted bytes are an upper bound of what moves copy (only live
- * ranges are copied). */
+ * A chunk holds nothing live (psp_schedule_empty) between two touches only where its span
+ * was made anew between them; a span reused in place for new data is not seen, so freed
+ * and reallocated activations may count as data to copy, and the plan's predicted bytes are
+ * an upper bound of what moves copy (only live ranges are copied). */
 #include "allocator/allocator_internal.h"
 
 #include <stdlib.h>
