@@ -23,7 +23,7 @@ static struct span *carve_in(struct device *d, enum psa_where w, uint64_t size, 
   struct span *best = NULL;
   int64_t best_i = -1;
   uint64_t best_len = UINT64_MAX;
-  for (struct span *s = d->spans[w]; s && best_len != size; s = s->next) {
+  for (struct span *s = d->space.spans[w]; s && best_len != size; s = s->next) {
     if (!fits(d, s, size))
       continue;
     int64_t i = psa_span_best(d, s, size, stream);
@@ -40,7 +40,7 @@ static struct span *carve_in(struct device *d, enum psa_where w, uint64_t size, 
 
 /* Static placement: room in GPU spans; once GPU frames run out, room in host spans; then
  * the latest allocation's span grown, or a new one, on GPU frames while the budget lasts,
- * then on host frames. */
+ * then on host frames. Drops d->lock while frames are taken. */
 static struct span *place(struct device *d, uint64_t size, CUstream stream, uint64_t *off)
 {
   struct span *s = carve_in(d, PSA_GPU, size, stream, off);
@@ -96,8 +96,8 @@ CUresult psa_alloc(int ordinal, size_t size, CUstream stream, CUdeviceptr *p)
   }
   s->live_bytes += asize;
   s->live_allocs++;
-  d->last_span = s;
-  s->last_alloc = d->clock;
+  d->space.last_span = s;
+  s->last_alloc = d->pager.clock;
   psa_digest_alloc(d, asize);
   d->stats.allocs++;
   d->stats.live_bytes += asize;
@@ -105,12 +105,12 @@ CUresult psa_alloc(int ordinal, size_t size, CUstream stream, CUdeviceptr *p)
     d->stats.peak_live_bytes = d->stats.live_bytes;
     d->stats.mapped_at_peak = d->stats.mapped_chunk_bytes;
   }
-  if (d->stats.live_bytes > d->used_high)
-    d->used_high = d->stats.live_bytes;
-  if (d->stats.mapped_chunk_bytes > d->reserved_high)
-    d->reserved_high = d->stats.mapped_chunk_bytes;
+  if (d->stats.live_bytes > d->space.used_high)
+    d->space.used_high = d->stats.live_bytes;
+  if (d->stats.mapped_chunk_bytes > d->space.reserved_high)
+    d->space.reserved_high = d->stats.mapped_chunk_bytes;
   uint64_t chunk = (ptr - d->base) / d->chunk_size;
-  enum psa_where where = d->frames[d->chunks[chunk].frame].where;
+  enum psa_where where = d->fr.frames[d->chunks[chunk].frame].where;
   pthread_mutex_unlock(&d->lock);
   *p = ptr;
   if (pst_trace_enabled()) {
@@ -205,7 +205,7 @@ bool psa_usage_get(int ordinal, struct psa_usage *u)
   struct device *d = &psa_devices[ordinal];
   pthread_mutex_lock(&d->lock);
   *u = (struct psa_usage){.reserved = d->stats.mapped_chunk_bytes, .used = d->stats.live_bytes,
-                          .reserved_high = d->reserved_high, .used_high = d->used_high};
+                          .reserved_high = d->space.reserved_high, .used_high = d->space.used_high};
   pthread_mutex_unlock(&d->lock);
   return true;
 }
@@ -218,9 +218,9 @@ void psa_usage_reset_high(int ordinal, bool reserved, bool used)
   struct device *d = &psa_devices[ordinal];
   pthread_mutex_lock(&d->lock);
   if (reserved)
-    d->reserved_high = d->stats.mapped_chunk_bytes;
+    d->space.reserved_high = d->stats.mapped_chunk_bytes;
   if (used)
-    d->used_high = d->stats.live_bytes;
+    d->space.used_high = d->stats.live_bytes;
   pthread_mutex_unlock(&d->lock);
 }
 
@@ -235,7 +235,7 @@ CUresult psa_chunk_migrate(int ordinal, uint64_t chunk, enum psa_where to)
   CUresult r = CUDA_ERROR_INVALID_VALUE;
   if (chunk < d->nchunks && d->chunks[chunk].frame != PSA_NO_FRAME) {
     psa_copy_done(d, chunk, true);
-    r = d->frames[d->chunks[chunk].frame].where == to ? CUDA_SUCCESS : psa_move(d, chunk, to);
+    r = d->fr.frames[d->chunks[chunk].frame].where == to ? CUDA_SUCCESS : psa_move(d, chunk, to);
     psa_copy_done(d, chunk, true);
     psa_moves_poll(d);
   }

@@ -15,20 +15,20 @@ static uint64_t slot_of(CUdeviceptr p, uint64_t cap)
 
 static bool rehash(struct device *d, uint64_t cap)
 {
-  struct alloc_entry *old = d->map, *fresh = calloc(cap, sizeof *fresh);
+  struct alloc_entry *old = d->space.map, *fresh = calloc(cap, sizeof *fresh);
   if (!fresh)
     return false;
-  uint64_t old_cap = d->map_cap;
-  d->map = fresh;
-  d->map_cap = cap;
-  d->map_used = 0;
+  uint64_t old_cap = d->space.map_cap;
+  d->space.map = fresh;
+  d->space.map_cap = cap;
+  d->space.map_used = 0;
   for (uint64_t i = 0; i < old_cap; i++)
     if (old[i].ptr > TOMBSTONE) {
       uint64_t j = slot_of(old[i].ptr, cap);
       while (fresh[j].ptr != EMPTY)
         j = (j + 1) & (cap - 1);
       fresh[j] = old[i];
-      d->map_used++;
+      d->space.map_used++;
     }
   free(old);
   return true;
@@ -36,31 +36,31 @@ static bool rehash(struct device *d, uint64_t cap)
 
 bool psa_map_put(struct device *d, CUdeviceptr p, uint64_t size, struct span *s)
 {
-  if ((d->map_used + 1) * 4 > d->map_cap * 3) {
+  if ((d->space.map_used + 1) * 4 > d->space.map_cap * 3) {
     /* Rehashing also drops tombstones: grow only for live entries (counted by stats). */
-    uint64_t live = d->stats.allocs - d->stats.frees, cap = d->map_cap ? d->map_cap : 1024;
+    uint64_t live = d->stats.allocs - d->stats.frees, cap = d->space.map_cap ? d->space.map_cap : 1024;
     while ((live + 1) * 2 > cap)
       cap *= 2;
     if (!rehash(d, cap))
       return false;
   }
-  uint64_t j = slot_of(p, d->map_cap);
-  while (d->map[j].ptr > TOMBSTONE)
-    j = (j + 1) & (d->map_cap - 1);
-  if (d->map[j].ptr == EMPTY)
-    d->map_used++;
-  d->map[j] = (struct alloc_entry){.ptr = p, .size = size, .span = s};
+  uint64_t j = slot_of(p, d->space.map_cap);
+  while (d->space.map[j].ptr > TOMBSTONE)
+    j = (j + 1) & (d->space.map_cap - 1);
+  if (d->space.map[j].ptr == EMPTY)
+    d->space.map_used++;
+  d->space.map[j] = (struct alloc_entry){.ptr = p, .size = size, .span = s};
   return true;
 }
 
 struct alloc_entry *psa_map_find(struct device *d, CUdeviceptr p)
 {
-  if (!d->map_cap)
+  if (!d->space.map_cap)
     return NULL;
-  for (uint64_t j = slot_of(p, d->map_cap);; j = (j + 1) & (d->map_cap - 1)) {
-    if (d->map[j].ptr == p)
-      return &d->map[j];
-    if (d->map[j].ptr == EMPTY)
+  for (uint64_t j = slot_of(p, d->space.map_cap);; j = (j + 1) & (d->space.map_cap - 1)) {
+    if (d->space.map[j].ptr == p)
+      return &d->space.map[j];
+    if (d->space.map[j].ptr == EMPTY)
       return NULL;
   }
 }

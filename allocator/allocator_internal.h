@@ -89,8 +89,22 @@ struct alloc_entry {
   uint64_t graph; /* the capture it was made in (capture.c), 0 outside any */
 };
 
+/* One device's allocator state. Lock order: space.c's setup_lock, then a device's lock
+ * (comm/'s node accounting, psc_host_reserve, is called under it); two devices' locks are
+ * never held at once (pager.c and alloc.c visit devices one at a time). Each group below
+ * says what guards it. One lock guards every mutable group: an allocation, a move and a
+ * plan each read and write the chunks, their spans, frames, marks and statistics in one
+ * step, so finer locks would be taken together on every path, and the drops below would
+ * then have to release several in order.
+ *
+ * Functions that drop d->lock say so in their contract ("Drops d->lock"); a caller
+ * re-checks what it read before the call. The drops: making a frame (frames.c: the
+ * driver's cuMemCreate, up to ~20 ms for a host frame, runs without the lock), waiting
+ * for a frame another thread is making, and waiting for a gather (shard.c). */
 struct device {
   pthread_mutex_t lock;
+  /* Set up once under setup_lock before `ready` is published (release); read without a
+   * lock after. Only the pointers are fixed: what chunks[] points to is d->lock's. */
   bool ready, failed;
   bool refused; /* the configuration asks what the device cannot honour: allocations fail */
   int ordinal;
@@ -99,50 +113,65 @@ struct device {
   uint64_t chunk_size;
   CUdeviceptr base, staging_base;
   uint64_t nchunks, max_frames;
-  struct chunk *chunks;
-  struct frame *frames;
-  uint32_t frames_made;
-  uint32_t free_gpu, free_host; /* free-frame lists */
-  uint32_t dead_frames;         /* slots of destroyed frames, reused first (frames.c) */
-  uint64_t gpu_frame_limit, host_frame_limit, gpu_frames_held, host_frames_held;
   bool host_numa; /* HOST_NUMA frames work; else plain HOST */
-  bool node_budget_said;
-  struct span *spans[3]; /* by where: GPU and HOST lists */
-  struct span *last_span; /* the span that took the latest allocation (spans.c: only it grows) */
-  uint64_t chunk_hint;
-  uint64_t chunks_high; /* one past the highest chunk ever reserved: scans stop there */
-  struct alloc_entry *map;
-  uint64_t map_cap, map_used; /* used counts tombstones too */
-  CUevent *event_pool;
-  uint32_t nevents, event_cap;
-  /* host frame pool refill */
-  pthread_t pool_thread;
-  pthread_cond_t pool_wake;
-  pthread_cond_t frame_made;    /* a frame being made (lock dropped) is done */
-  uint32_t frames_in_making[3]; /* by where */
-  bool pool_running;
-  uint32_t pool_target;
-  /* paging */
-  CUstream copy_in, copy_out;
-  uint64_t copying[PSA_MAX_MIGRATIONS]; /* chunks whose move's copy is in flight */
-  uint32_t ncopying;
-  struct deferred_frame deferred[PSA_MAX_MIGRATIONS];
-  uint32_t ndeferred;
-  struct psa_mark *free_marks;
-  struct psa_mark **recent; /* marks of the latest PSSHIM_RUNAHEAD launches, a ring */
-  struct psa_mark *runahead_stuck; /* a run-ahead wait gave up on it: no holding back until it passes */
-  uint64_t clock;           /* the latest moment that touched a chunk (+1) */
-  uint64_t margin;          /* most GPU frames spans allocated into within an iteration held */
-  psp_phase_max young;      /* the frames they held, by phase of the iteration */
-  uint64_t predicted_for;   /* the period the chunks' next_use were predicted with */
-  uint64_t next_plan, plan_gap; /* plans back off while they move nothing (pager.c) */
-  uint64_t move_ns_mean;    /* the launching thread's time per move (queue the copy, remap) */
-  uint32_t recent_pos;
-  uint64_t reserved_high, used_high; /* since the last psa_usage_reset_high */
-  uint64_t alloc_digest; /* the allocations' sizes, as a sum of mixed sizes (space.c) */
-  psp_cand *cands; /* scratch for the pager's plans, two per chunk */
-  struct psa_shard *shard; /* sharding among the node's ranks (shard.c), NULL until used */
-  struct psa_stats stats;
+  struct chunk *chunks; /* entries: d->lock */
+  /* The chunk space and the allocations in it (space.c, spans.c, alloc_map.c): d->lock. */
+  struct {
+    struct span *spans[3]; /* by where: GPU and HOST lists */
+    struct span *last_span; /* the span that took the latest allocation (spans.c: only it grows) */
+    uint64_t chunk_hint;
+    uint64_t chunks_high; /* one past the highest chunk ever reserved: scans stop there */
+    struct alloc_entry *map;
+    uint64_t map_cap, map_used; /* used counts tombstones too */
+    uint64_t reserved_high, used_high; /* since the last psa_usage_reset_high */
+    uint64_t alloc_digest; /* the allocations' sizes, as a sum of mixed sizes (space.c) */
+  } space;
+  /* Spare events, for pending ranges and marks (spans.c): d->lock. */
+  struct {
+    CUevent *pool;
+    uint32_t n, cap;
+  } events;
+  /* Frames (frames.c): d->lock. A frame being made holds its claimed slot (in_making)
+   * while the lock is dropped; made_one (a condition on d->lock) says it is done. */
+  struct {
+    struct frame *frames; /* the array is fixed at set-up; its entries are d->lock's */
+    uint32_t made;        /* slots ever claimed */
+    uint32_t free_gpu, free_host; /* free-frame lists */
+    uint32_t dead;                /* slots of destroyed frames, reused first */
+    uint64_t gpu_limit, host_limit, gpu_held, host_held;
+    bool node_budget_said;
+    uint32_t in_making[3]; /* by where */
+    pthread_cond_t made_one;
+  } fr;
+  /* The host frame pool's thread (frames.c): d->lock; wake is a condition on it. `thread`
+   * is written once before the thread runs. */
+  struct {
+    pthread_t thread;
+    pthread_cond_t wake;
+    bool running;
+    uint32_t target;
+  } pool;
+  /* Paging (pager.c, plan_exec.c): d->lock. */
+  struct {
+    CUstream copy_in, copy_out; /* made at the first move */
+    uint64_t copying[PSA_MAX_MIGRATIONS]; /* chunks whose move's copy is in flight */
+    uint32_t ncopying;
+    struct deferred_frame deferred[PSA_MAX_MIGRATIONS];
+    uint32_t ndeferred;
+    struct psa_mark *free_marks;
+    struct psa_mark **recent; /* marks of the latest PSSHIM_RUNAHEAD launches, a ring */
+    uint32_t recent_pos;
+    struct psa_mark *runahead_stuck; /* a run-ahead wait gave up on it: no holding back until it passes */
+    uint64_t clock;           /* the latest moment that touched a chunk (+1) */
+    uint64_t margin;          /* most GPU frames spans allocated into within an iteration held */
+    psp_phase_max young;      /* the frames they held, by phase of the iteration */
+    uint64_t predicted_for;   /* the period the chunks' next_use were predicted with */
+    uint64_t next_plan, plan_gap; /* plans back off while they move nothing */
+    uint64_t move_ns_mean;    /* the launching thread's time per move (queue the copy, remap) */
+    psp_cand *cands; /* scratch for the plans, two per chunk */
+  } pager;
+  struct psa_shard *shard; /* sharing among the node's ranks (shard.c), NULL until used: d->lock */
+  struct psa_stats stats;  /* d->lock; psa_stats_get copies them under it */
 };
 
 extern struct device psa_devices[PSA_MAX_DEVICES];
@@ -162,7 +191,8 @@ CUresult psa_map(struct device *d, CUdeviceptr va, CUmemGenericAllocationHandle 
 
 /* frames.c */
 CUresult psa_frames_init(struct device *d);
-/* A free frame of `where`, made if under the limit; PSA_NO_FRAME when none can be had. */
+/* A free frame of `where`, made if under the limit; PSA_NO_FRAME when none can be had.
+ * Drops d->lock while it makes one, or waits for one another thread makes (struct device). */
 uint32_t psa_frame_take(struct device *d, enum psa_where where);
 void psa_frame_give(struct device *d, uint32_t f);
 /* Releases a frame's memory for good (a shared chunk no longer needs its own); its slot is
@@ -173,6 +203,7 @@ void psa_frame_destroy(struct device *d, uint32_t f);
 static inline uint32_t psa_shared_frame(const struct device *d) { return (uint32_t)d->max_frames + 1; }
 
 /* spans.c */
+/* Drops d->lock (struct device): the span is `building`, unlisted, meanwhile. */
 struct span *psa_span_new(struct device *d, uint64_t nchunks);
 void psa_span_delete(struct device *d, struct span *s);
 /* The smallest free range of s that `stream` may use for size bytes (best fit keeps big
@@ -181,7 +212,7 @@ int64_t psa_span_best(struct device *d, struct span *s, uint64_t size, CUstream 
 uint64_t psa_span_take(struct device *d, struct span *s, uint32_t i, uint64_t size);
 /* Places size bytes in the free tail of the span that took the latest allocation, growing
  * it into the unreserved chunks after it, when that takes fewer new chunks than a span of
- * their own; NULL if it cannot. */
+ * their own; NULL if it cannot. Drops d->lock (struct device). */
 struct span *psa_span_extend(struct device *d, uint64_t size, CUstream stream, uint64_t *off);
 /* graph: the bytes stay held for a captured graph (see capture.c), 0 when they do not. */
 void psa_span_release(struct device *d, struct span *s, uint64_t off, uint64_t size, CUstream stream,
@@ -190,7 +221,7 @@ bool psa_span_idle(struct device *d, struct span *s);
 /* A host frame for a page-out: an idle span's first, then a free or new one. The pager's
  * page-outs of the iteration's own allocations leave spans idle in host frames once freed,
  * while the next allocations go to GPU frames: with new frames first, host frames grew
- * every step (to the node's budget on the test driver). */
+ * every step (to the node's budget on the test driver). Drops d->lock (struct device). */
 uint32_t psa_host_frame(struct device *d);
 void psa_span_relist(struct device *d, struct span *s);
 /* A CHUNK record (enum pst_chunk_event) when tracing. */
@@ -208,7 +239,8 @@ extern _Atomic bool psa_allocs_agree; /* the allocation check passed: chunk ids 
 /* Makes a shared chunk this rank's own before anything may touch it (a move: copy, remap):
  * paged in onto a GPU frame with its pieces kept when one can be had, else onto a host
  * frame; when no memory at all can be had for it, its addresses are left unmapped (the
- * touching work fails on this rank, the other ranks' data stays theirs) and sharing ends. */
+ * touching work fails on this rank, the other ranks' data stays theirs) and sharing ends.
+ * Drops d->lock (struct device). */
 void psa_unshare(struct device *d, uint64_t chunk);
 /* Whether the chunk is a shared one paged in (on a GPU frame of its own, pieces kept). */
 bool psa_shard_paged_in(const struct device *d, uint64_t chunk);
@@ -217,7 +249,7 @@ bool psa_shard_paged_in(const struct device *d, uint64_t chunk);
  * frame back); else false, the pieces let go, and the chunk moves as any other. */
 bool psa_shard_leave(struct device *d, uint64_t chunk);
 /* A shared chunk's span is deleted, or a paged-in one's emptied: its pieces are unmapped
- * (if mapped) and let go. */
+ * (if mapped) and let go. Drops d->lock while a gather reads the chunk (struct device). */
 void psa_shard_drop(struct device *d, uint64_t chunk);
 /* Work psshim cannot see may touch any chunk: every shared chunk becomes private and no
  * chunk is shared again (called without locks). */
@@ -237,14 +269,15 @@ void psa_compare_allocs(uint64_t digest);
 /* A sharing round at a meeting, when one is due (shard.c). */
 void psa_shard_round(uint64_t period);
 
-/* pager.c (called with d->lock held) */
+/* pager.c (called with d->lock held; psa_move, psa_frame_for and psa_swap_in drop it while
+ * they take frames, and check again what they read before) */
 /* Moves a chunk no launch is using onto a frame of `to` (see pager.c); NOT_READY when it
- * is busy or too many copies are in flight, OUT_OF_MEMORY without a frame. */
+ * is busy or too many copies are in flight, OUT_OF_MEMORY without a frame. Drops d->lock. */
 CUresult psa_move(struct device *d, uint64_t chunk, enum psa_where to);
 /* A GPU frame taken for a chunk needed at moment `need`: one free or makeable beyond the
  * margin (what the coming part of the iteration's short-lived allocations will want), else
  * the frame of the model chunk on the GPU needed farthest after `need` (Belady), paged out
- * and waited for; PSA_NO_FRAME when none is needed later. */
+ * and waited for; PSA_NO_FRAME when none is needed later. Drops d->lock. */
 uint32_t psa_frame_for(struct device *d, uint64_t period, uint64_t need);
 /* Whether a move of the chunk may start now: mapped, its own, no launch in flight, every
  * launch that touched it passed, its last move's copy done, its span not being built. */
@@ -252,7 +285,7 @@ bool psa_movable(struct device *d, uint64_t chunk);
 /* Swaps a host chunk in for a GPU victim, both quiescent: the victim moves to a new host
  * frame, and the chunk onto the victim's GPU frame once the victim's copy out of it is
  * done (ordered on the copy streams, no host wait). False when nothing moved, or the chunk
- * could not follow the victim out (then the victim's move stands). */
+ * could not follow the victim out (then the victim's move stands). Drops d->lock. */
 bool psa_swap_in(struct device *d, uint64_t chunk, uint64_t victim);
 /* True once the chunk's last move's copy has completed (sync: wait for it). */
 bool psa_copy_done(struct device *d, uint64_t chunk, bool sync);
@@ -261,7 +294,8 @@ void psa_moves_poll(struct device *d);
 
 /* plan_exec.c (called with d->lock held; PSSHIM_POLICY=plan): a launch at `position` of a
  * `period`-moment iteration touched the chunk (recorded for the plan); and, every few
- * launches, the plan's moves that are due issued: false while there is no plan to follow. */
+ * launches, the plan's moves that are due issued: false while there is no plan to follow.
+ * psa_plan_follow drops d->lock (its moves do). */
 void psa_plan_note(struct device *d, uint64_t chunk, uint64_t period, uint64_t position);
 bool psa_plan_follow(struct device *d, uint64_t period, uint64_t position);
 
@@ -294,7 +328,7 @@ void psa_map_remove(struct alloc_entry *e);
 /* A GPU frame can be had without taking one back: one is free, or the budget allows another. */
 static inline bool psa_gpu_frame_available(const struct device *d)
 {
-  return d->free_gpu != PSA_NO_FRAME || d->stats.gpu_frames_made < d->gpu_frame_limit;
+  return d->fr.free_gpu != PSA_NO_FRAME || d->stats.gpu_frames_made < d->fr.gpu_limit;
 }
 
 static inline uint64_t psa_round_up(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }

@@ -5,7 +5,7 @@
 #include "allocator/allocator_internal.h"
 #include "comm/comm.h"
 
-static uint32_t *free_list(struct device *d, enum psa_where w) { return w == PSA_GPU ? &d->free_gpu : &d->free_host; }
+static uint32_t *free_list(struct device *d, enum psa_where w) { return w == PSA_GPU ? &d->fr.free_gpu : &d->fr.free_host; }
 
 static uint64_t *frames_made(struct device *d, enum psa_where w)
 {
@@ -14,7 +14,7 @@ static uint64_t *frames_made(struct device *d, enum psa_where w)
 
 static uint64_t *frame_limit(struct device *d, enum psa_where w)
 {
-  return w == PSA_GPU ? &d->gpu_frame_limit : &d->host_frame_limit;
+  return w == PSA_GPU ? &d->fr.gpu_limit : &d->fr.host_limit;
 }
 
 static CUresult create(struct device *d, enum psa_where where, struct frame *f, CUdeviceptr staging)
@@ -40,34 +40,34 @@ static CUresult create(struct device *d, enum psa_where where, struct frame *f, 
   return CUDA_SUCCESS;
 }
 
-/* Called with d->lock held; drops it while the driver works so other threads go on. The
+/* Called with d->lock held; drops d->lock while the driver works so other threads go on. The
  * frame's index is claimed first so the staging address is fixed. */
 static uint32_t make(struct device *d, enum psa_where where)
 {
   uint64_t *made = frames_made(d, where);
-  if (*made >= *frame_limit(d, where) || d->frames_made > d->max_frames)
+  if (*made >= *frame_limit(d, where) || d->fr.made > d->max_frames)
     return PSA_NO_FRAME;
   /* Host frames count against the node's budget too when ranks share the node. */
   if (where == PSA_HOST && !psc_host_reserve(d->chunk_size)) {
-    if (!d->node_budget_said)
+    if (!d->fr.node_budget_said)
       ps_error("the ranks of this node hold all of PSSHIM_HOST_BUDGET (%llu MiB together): no more host frames "
                "for this rank", (unsigned long long)(d->stats.host_budget >> 20));
-    d->node_budget_said = true;
+    d->fr.node_budget_said = true;
     return PSA_NO_FRAME;
   }
-  uint32_t id = d->dead_frames;
+  uint32_t id = d->fr.dead;
   if (id == PSA_NO_FRAME)
-    id = d->frames_made++;
+    id = d->fr.made++;
   else
-    d->dead_frames = d->frames[id].next_free; /* a destroyed frame's slot and staging address */
+    d->fr.dead = d->fr.frames[id].next_free; /* a destroyed frame's slot and staging address */
   (*made)++;
-  d->frames_in_making[where]++;
+  d->fr.in_making[where]++;
   struct frame f = {0};
   pthread_mutex_unlock(&d->lock);
   CUresult r = create(d, where, &f, d->staging_base + (uint64_t)id * d->chunk_size);
   pthread_mutex_lock(&d->lock);
-  d->frames_in_making[where]--;
-  pthread_cond_broadcast(&d->frame_made);
+  d->fr.in_making[where]--;
+  pthread_cond_broadcast(&d->fr.made_one);
   if (r) {
     if (where == PSA_HOST)
       psc_host_release(d->chunk_size);
@@ -75,29 +75,29 @@ static uint32_t make(struct device *d, enum psa_where where)
      * the budget shrinks to what was made, said once. */
     (*made)--;
     *frame_limit(d, where) = *made;
-    d->frames[id].next_free = d->dead_frames;
-    d->dead_frames = id;
+    d->fr.frames[id].next_free = d->fr.dead;
+    d->fr.dead = id;
     ps_log(PS_LOG_WARN, "%s frame %u could not be made (%s): %s budget now %llu MiB", where == PSA_GPU ? "GPU" : "host",
            id, ps_cu_error_name(r), where == PSA_GPU ? "GPU" : "host",
            (unsigned long long)((*made * d->chunk_size) >> 20));
     return PSA_NO_FRAME;
   }
-  d->frames[id] = f;
-  d->frames[id].next_free = PSA_NO_FRAME;
+  d->fr.frames[id] = f;
+  d->fr.frames[id].next_free = PSA_NO_FRAME;
   return id;
 }
 
 static void push_free(struct device *d, uint32_t id)
 {
-  uint32_t *head = free_list(d, d->frames[id].where);
-  d->frames[id].next_free = *head;
+  uint32_t *head = free_list(d, d->fr.frames[id].where);
+  d->fr.frames[id].next_free = *head;
   *head = id;
 }
 
 static uint32_t count_free(struct device *d, enum psa_where w)
 {
   uint32_t n = 0;
-  for (uint32_t id = *free_list(d, w); id != PSA_NO_FRAME; id = d->frames[id].next_free)
+  for (uint32_t id = *free_list(d, w); id != PSA_NO_FRAME; id = d->fr.frames[id].next_free)
     n++;
   return n;
 }
@@ -109,11 +109,11 @@ static void *pool_main(void *arg)
     return NULL;
   psa_relax(true); /* for good: making frames must not break another thread's capture */
   pthread_mutex_lock(&d->lock);
-  while (d->pool_running) {
-    bool wanted = d->gpu_frames_held * 4 >= d->gpu_frame_limit * 3 && count_free(d, PSA_HOST) < d->pool_target &&
-                  d->stats.host_frames_made < d->host_frame_limit;
+  while (d->pool.running) {
+    bool wanted = d->fr.gpu_held * 4 >= d->fr.gpu_limit * 3 && count_free(d, PSA_HOST) < d->pool.target &&
+                  d->stats.host_frames_made < d->fr.host_limit;
     if (!wanted) {
-      pthread_cond_wait(&d->pool_wake, &d->lock);
+      pthread_cond_wait(&d->pool.wake, &d->lock);
       continue;
     }
     uint32_t id = make(d, PSA_HOST);
@@ -127,21 +127,21 @@ static void *pool_main(void *arg)
 
 CUresult psa_frames_init(struct device *d)
 {
-  d->free_gpu = d->free_host = d->dead_frames = PSA_NO_FRAME;
+  d->fr.free_gpu = d->fr.free_host = d->fr.dead = PSA_NO_FRAME;
   /* HOST_NUMA frames are what the driver documents for device-accessible host memory;
    * older drivers know only HOST. Probe once. */
   CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
                               .location = {.type = CU_MEM_LOCATION_TYPE_HOST_NUMA, .id = 0}};
   size_t gran = 0;
   d->host_numa = ps_driver.cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS;
-  d->pool_target = 4;
-  pthread_cond_init(&d->pool_wake, NULL);
-  pthread_cond_init(&d->frame_made, NULL);
-  if (d->host_frame_limit == 0)
+  d->pool.target = 4;
+  pthread_cond_init(&d->pool.wake, NULL);
+  pthread_cond_init(&d->fr.made_one, NULL);
+  if (d->fr.host_limit == 0)
     return CUDA_SUCCESS;
-  d->pool_running = true;
-  if (pthread_create(&d->pool_thread, NULL, pool_main, d)) {
-    d->pool_running = false;
+  d->pool.running = true;
+  if (pthread_create(&d->pool.thread, NULL, pool_main, d)) {
+    d->pool.running = false;
     ps_log(PS_LOG_WARN, "no host frame pool thread: host frames are made on demand");
   }
   return CUDA_SUCCESS;
@@ -150,15 +150,15 @@ CUresult psa_frames_init(struct device *d)
 static void count_held(struct device *d, enum psa_where w, int delta)
 {
   if (w == PSA_GPU) {
-    d->gpu_frames_held += (uint64_t)(int64_t)delta;
-    d->stats.gpu_frames = d->gpu_frames_held;
-    if (d->gpu_frames_held > d->stats.peak_gpu_frames)
-      d->stats.peak_gpu_frames = d->gpu_frames_held;
+    d->fr.gpu_held += (uint64_t)(int64_t)delta;
+    d->stats.gpu_frames = d->fr.gpu_held;
+    if (d->fr.gpu_held > d->stats.peak_gpu_frames)
+      d->stats.peak_gpu_frames = d->fr.gpu_held;
   } else {
-    d->host_frames_held += (uint64_t)(int64_t)delta;
-    d->stats.host_frames = d->host_frames_held;
-    if (d->host_frames_held > d->stats.peak_host_frames)
-      d->stats.peak_host_frames = d->host_frames_held;
+    d->fr.host_held += (uint64_t)(int64_t)delta;
+    d->stats.host_frames = d->fr.host_held;
+    if (d->fr.host_held > d->stats.peak_host_frames)
+      d->stats.peak_host_frames = d->fr.host_held;
   }
 }
 
@@ -167,7 +167,7 @@ uint32_t psa_frame_take(struct device *d, enum psa_where where)
   uint32_t *head = free_list(d, where), id;
   for (;;) {
     if ((id = *head) != PSA_NO_FRAME) {
-      *head = d->frames[id].next_free;
+      *head = d->fr.frames[id].next_free;
       break;
     }
     uint64_t start = psa_now_ns();
@@ -176,35 +176,35 @@ uint32_t psa_frame_take(struct device *d, enum psa_where where)
     if (id != PSA_NO_FRAME)
       break;
     /* At the limit, but another thread (the host pool) may be making the last frames. */
-    if (!d->frames_in_making[where])
+    if (!d->fr.in_making[where])
       return PSA_NO_FRAME;
     start = psa_now_ns();
-    pthread_cond_wait(&d->frame_made, &d->lock);
+    pthread_cond_wait(&d->fr.made_one, &d->lock);
     d->stats.frame_wait_ns += psa_now_ns() - start;
   }
   count_held(d, where, +1);
-  if (where == PSA_GPU && d->pool_running && d->gpu_frames_held * 4 >= d->gpu_frame_limit * 3)
-    pthread_cond_signal(&d->pool_wake);
-  if (where == PSA_HOST && d->pool_running)
-    pthread_cond_signal(&d->pool_wake);
+  if (where == PSA_GPU && d->pool.running && d->fr.gpu_held * 4 >= d->fr.gpu_limit * 3)
+    pthread_cond_signal(&d->pool.wake);
+  if (where == PSA_HOST && d->pool.running)
+    pthread_cond_signal(&d->pool.wake);
   return id;
 }
 
 void psa_frame_give(struct device *d, uint32_t id)
 {
-  count_held(d, d->frames[id].where, -1);
+  count_held(d, d->fr.frames[id].where, -1);
   push_free(d, id);
 }
 
 void psa_frame_destroy(struct device *d, uint32_t id)
 {
-  struct frame *f = &d->frames[id];
+  struct frame *f = &d->fr.frames[id];
   count_held(d, f->where, -1);
   PS_CU(ps_driver.cuMemUnmap(f->staging, d->chunk_size));
   PS_CU(ps_driver.cuMemRelease(f->handle));
   if (f->where == PSA_HOST)
     psc_host_release(d->chunk_size);
   (*frames_made(d, f->where))--;
-  f->next_free = d->dead_frames;
-  d->dead_frames = id;
+  f->next_free = d->fr.dead;
+  d->fr.dead = id;
 }

@@ -39,16 +39,16 @@ static _Atomic bool paging_off; /* see stop_paging */
 /* A mark recorded now on stream s, or NULL. */
 static struct psa_mark *mark_new(struct device *d, CUstream s)
 {
-  struct psa_mark *m = d->free_marks;
+  struct psa_mark *m = d->pager.free_marks;
   if (m)
-    d->free_marks = m->next_free;
+    d->pager.free_marks = m->next_free;
   else if (!(m = calloc(1, sizeof *m)))
     return NULL;
   *m = (struct psa_mark){.event = psa_event_get(d), .stream = s, .refs = 1};
   if (!m->event || PS_CU(ps_driver.cuEventRecord(m->event, s))) {
     psa_event_put(d, m->event);
-    m->next_free = d->free_marks;
-    d->free_marks = m;
+    m->next_free = d->pager.free_marks;
+    d->pager.free_marks = m;
     return NULL;
   }
   return m;
@@ -59,8 +59,8 @@ static void mark_put(struct device *d, struct psa_mark *m)
   if (!m || --m->refs)
     return;
   psa_event_put(d, m->event);
-  m->next_free = d->free_marks;
-  d->free_marks = m;
+  m->next_free = d->pager.free_marks;
+  d->pager.free_marks = m;
 }
 
 /* Whether the work before the mark has completed (sync: wait for it). */
@@ -116,13 +116,13 @@ static void add_user(struct device *d, struct chunk *c, struct psa_mark *m)
 
 static bool ensure_copy_streams(struct device *d)
 {
-  if (d->copy_in)
+  if (d->pager.copy_in)
     return true;
-  if (PS_CU(ps_driver.cuStreamCreate(&d->copy_in, CU_STREAM_NON_BLOCKING)))
+  if (PS_CU(ps_driver.cuStreamCreate(&d->pager.copy_in, CU_STREAM_NON_BLOCKING)))
     return false;
-  if (PS_CU(ps_driver.cuStreamCreate(&d->copy_out, CU_STREAM_NON_BLOCKING))) {
-    PS_CU(ps_driver.cuStreamDestroy_v2(d->copy_in));
-    d->copy_in = NULL;
+  if (PS_CU(ps_driver.cuStreamCreate(&d->pager.copy_out, CU_STREAM_NON_BLOCKING))) {
+    PS_CU(ps_driver.cuStreamDestroy_v2(d->pager.copy_in));
+    d->pager.copy_in = NULL;
     return false;
   }
   return true;
@@ -137,7 +137,7 @@ static int64_t copy_live_async(struct device *d, uint64_t chunk, uint32_t from, 
     uint64_t free_lo = i < sp->nranges ? sp->ranges[i].off : hi;
     uint64_t live_end = free_lo < hi ? free_lo : hi;
     if (live_end > at) {
-      if (PS_CU(ps_driver.cuMemcpyAsync(d->frames[to].staging + (at - lo), d->frames[from].staging + (at - lo),
+      if (PS_CU(ps_driver.cuMemcpyAsync(d->fr.frames[to].staging + (at - lo), d->fr.frames[from].staging + (at - lo),
                                         live_end - at, s)))
         return -1;
       copied += live_end - at;
@@ -166,13 +166,13 @@ static void give_after(struct device *d, uint32_t frame, struct psa_mark *copy)
     psa_frame_give(d, frame);
     return;
   }
-  if (d->ndeferred == PSA_MAX_MIGRATIONS) {
+  if (d->pager.ndeferred == PSA_MAX_MIGRATIONS) {
     mark_passed(d, copy, true);
     psa_frame_give(d, frame);
     return;
   }
   copy->refs++;
-  d->deferred[d->ndeferred++] = (struct deferred_frame){.frame = frame, .copy = copy};
+  d->pager.deferred[d->pager.ndeferred++] = (struct deferred_frame){.frame = frame, .copy = copy};
 }
 
 bool psa_movable(struct device *d, uint64_t chunk)
@@ -190,11 +190,11 @@ static bool remap(struct device *d, uint64_t chunk, uint32_t from, uint32_t to)
   uint64_t start = psa_now_ns();
   if (PS_CU(ps_driver.cuMemUnmap(va, d->chunk_size)))
     return false;
-  if (psa_map(d, va, d->frames[to].handle) == CUDA_SUCCESS) {
+  if (psa_map(d, va, d->fr.frames[to].handle) == CUDA_SUCCESS) {
     d->stats.remap_ns += psa_now_ns() - start;
     return true;
   }
-  if (psa_map(d, va, d->frames[from].handle)) /* back onto the frame that holds the data */
+  if (psa_map(d, va, d->fr.frames[from].handle)) /* back onto the frame that holds the data */
     ps_error("chunk %llu of device %d could not be remapped: its data is unreachable", (unsigned long long)chunk,
              d->ordinal);
   return false;
@@ -212,8 +212,8 @@ static uint32_t move_onto(struct device *d, uint64_t chunk, uint32_t to, struct 
 {
   struct chunk *c = &d->chunks[chunk];
   uint32_t from = c->frame;
-  enum psa_where where = d->frames[to].where;
-  CUstream s = where == PSA_GPU ? d->copy_in : d->copy_out;
+  enum psa_where where = d->fr.frames[to].where;
+  CUstream s = where == PSA_GPU ? d->pager.copy_in : d->pager.copy_out;
   uint64_t start = psa_now_ns();
   if (where == PSA_HOST && psa_shard_leave(d, chunk)) { /* unchanged: back onto the node's copy */
     psa_frame_give(d, to);
@@ -239,7 +239,7 @@ static uint32_t move_onto(struct device *d, uint64_t chunk, uint32_t to, struct 
   }
   c->frame = to;
   c->copy = copy;
-  d->copying[d->ncopying++] = chunk;
+  d->pager.copying[d->pager.ncopying++] = chunk;
   psa_span_relist(d, c->span);
   if (where == PSA_GPU) {
     d->stats.migrations_to_gpu++;
@@ -252,7 +252,7 @@ static uint32_t move_onto(struct device *d, uint64_t chunk, uint32_t to, struct 
   trace_move(chunk, where, (uint64_t)bytes, start);
   uint64_t spent = psa_now_ns() - start;
   d->stats.move_ns += spent;
-  d->move_ns_mean = d->move_ns_mean ? (d->move_ns_mean * 15 + spent) / 16 : spent; /* over ~16 moves */
+  d->pager.move_ns_mean = d->pager.move_ns_mean ? (d->pager.move_ns_mean * 15 + spent) / 16 : spent; /* over ~16 moves */
   return from;
 }
 
@@ -260,14 +260,14 @@ static CUresult move_checks(struct device *d, uint64_t chunk)
 {
   if (!psa_movable(d, chunk))
     return CUDA_ERROR_NOT_READY;
-  if (d->ncopying == PSA_MAX_MIGRATIONS || !ensure_copy_streams(d))
+  if (d->pager.ncopying == PSA_MAX_MIGRATIONS || !ensure_copy_streams(d))
     return CUDA_ERROR_NOT_READY;
   return CUDA_SUCCESS;
 }
 
 CUresult psa_move(struct device *d, uint64_t chunk, enum psa_where to)
 {
-  if (chunk >= d->nchunks || d->chunks[chunk].frame == PSA_NO_FRAME || d->frames[d->chunks[chunk].frame].where == to)
+  if (chunk >= d->nchunks || d->chunks[chunk].frame == PSA_NO_FRAME || d->fr.frames[d->chunks[chunk].frame].where == to)
     return CUDA_ERROR_INVALID_VALUE;
   CUresult r = move_checks(d, chunk);
   if (r)
@@ -288,7 +288,7 @@ CUresult psa_move(struct device *d, uint64_t chunk, enum psa_where to)
 
 bool psa_swap_in(struct device *d, uint64_t chunk, uint64_t victim)
 {
-  if (move_checks(d, chunk) || move_checks(d, victim) || d->ncopying + 2 > PSA_MAX_MIGRATIONS)
+  if (move_checks(d, chunk) || move_checks(d, victim) || d->pager.ncopying + 2 > PSA_MAX_MIGRATIONS)
     return false;
   uint32_t host = psa_host_frame(d);
   if (host == PSA_NO_FRAME)
@@ -316,9 +316,9 @@ bool psa_copy_done(struct device *d, uint64_t chunk, bool sync)
     return false;
   mark_put(d, c->copy);
   c->copy = NULL;
-  for (uint32_t i = 0; i < d->ncopying; i++)
-    if (d->copying[i] == chunk) {
-      d->copying[i] = d->copying[--d->ncopying];
+  for (uint32_t i = 0; i < d->pager.ncopying; i++)
+    if (d->pager.copying[i] == chunk) {
+      d->pager.copying[i] = d->pager.copying[--d->pager.ncopying];
       break;
     }
   return true;
@@ -326,17 +326,17 @@ bool psa_copy_done(struct device *d, uint64_t chunk, bool sync)
 
 void psa_moves_poll(struct device *d)
 {
-  for (uint32_t i = 0; i < d->ndeferred;) {
-    if (!mark_passed(d, d->deferred[i].copy, false)) {
+  for (uint32_t i = 0; i < d->pager.ndeferred;) {
+    if (!mark_passed(d, d->pager.deferred[i].copy, false)) {
       i++;
       continue;
     }
-    psa_frame_give(d, d->deferred[i].frame);
-    mark_put(d, d->deferred[i].copy);
-    d->deferred[i] = d->deferred[--d->ndeferred];
+    psa_frame_give(d, d->pager.deferred[i].frame);
+    mark_put(d, d->pager.deferred[i].copy);
+    d->pager.deferred[i] = d->pager.deferred[--d->pager.ndeferred];
   }
-  for (uint32_t i = 0; i < d->ncopying;) {
-    uint64_t chunk = d->copying[i];
+  for (uint32_t i = 0; i < d->pager.ncopying;) {
+    uint64_t chunk = d->pager.copying[i];
     if (!psa_copy_done(d, chunk, false))
       i++; /* else the slot now holds another chunk */
   }
@@ -353,7 +353,7 @@ static uint32_t plan_moves(const struct device *d)
 
 /* What a use of a chunk left in a host frame costs: a kernel reads (and writes back) it in
  * place at PSSHIM_INPLACE_RATE. Moves cost what the launching thread measurably spends on
- * them (d->move_ns_mean); see psp_fetch_pays. */
+ * them (d->pager.move_ns_mean); see psp_fetch_pays. */
 static uint64_t use_ns(const struct device *d)
 {
   return (uint64_t)((double)d->chunk_size * 1e9 / (double)ps_options.inplace_rate);
@@ -361,7 +361,7 @@ static uint64_t use_ns(const struct device *d)
 
 static bool on(const struct device *d, const struct chunk *c, enum psa_where w)
 {
-  return c->frame != PSA_NO_FRAME && d->frames[c->frame].where == w;
+  return c->frame != PSA_NO_FRAME && d->fr.frames[c->frame].where == w;
 }
 
 /* Allocated into within the last iteration: it holds the iteration's own, short-lived
@@ -398,7 +398,7 @@ static size_t candidates(struct device *d, enum psa_where w, uint64_t now, uint6
                          psp_cand *out)
 {
   size_t n = 0;
-  for (uint64_t i = 0; i < d->chunks_high; i++) {
+  for (uint64_t i = 0; i < d->space.chunks_high; i++) {
     struct chunk *c = &d->chunks[i];
     /* A chunk used within the last PSSHIM_RUNAHEAD launches is most likely still queued. */
     if (!on(d, c, w) || c->in_flight || c->copy || !c->last_use || c->last_use + ps_options.runahead > now)
@@ -409,7 +409,7 @@ static size_t candidates(struct device *d, enum psa_where w, uint64_t now, uint6
       continue;
     uint64_t next = predicted_next(c, now, period);
     if (w == PSA_HOST && (next == PSP_NEVER ||
-                          !psp_fetch_pays(psp_uses_within(c->uses, PSA_USES, now, period), use_ns(d), d->move_ns_mean)))
+                          !psp_fetch_pays(psp_uses_within(c->uses, PSA_USES, now, period), use_ns(d), d->pager.move_ns_mean)))
       continue; /* not expected soon, or cheaper read in place */
     /* Fetches want the soonest: the victims' order with next uses reversed. */
     out[n++] = (psp_cand){.chunk = (uint32_t)i, .bytes = d->chunk_size, .dirty = true,
@@ -429,8 +429,8 @@ static void count_frames(struct device *d, uint64_t now, uint64_t period, bool c
                          uint64_t *waiting, uint64_t *young_gpu, uint64_t *room)
 {
   *young_all = *waiting = *young_gpu = 0;
-  *room = d->gpu_frame_limit - d->gpu_frames_held;
-  for (uint64_t i = 0; i < d->chunks_high; i++) {
+  *room = d->fr.gpu_limit - d->fr.gpu_held;
+  for (uint64_t i = 0; i < d->space.chunks_high; i++) {
     struct chunk *c = &d->chunks[i];
     if (c->frame == PSA_NO_FRAME)
       continue;
@@ -445,8 +445,8 @@ static void count_frames(struct device *d, uint64_t now, uint64_t period, bool c
         *young_gpu += gpu;
     }
   }
-  for (uint32_t i = 0; i < d->ndeferred; i++)
-    *room += d->frames[d->deferred[i].frame].where == PSA_GPU;
+  for (uint32_t i = 0; i < d->pager.ndeferred; i++)
+    *room += d->fr.frames[d->pager.deferred[i].frame].where == PSA_GPU;
 }
 
 /* Frames the iteration's short-lived allocations will hold in the coming part of the
@@ -455,16 +455,16 @@ static void count_frames(struct device *d, uint64_t now, uint64_t period, bool c
  * data is. PatrickStar's margin assumes they fit. */
 static uint64_t coming_margin(const struct device *d, uint64_t now, uint64_t period)
 {
-  return psp_phase_ahead(&d->young, now, period / MARGIN_LOOKAHEAD);
+  return psp_phase_ahead(&d->pager.young, now, period / MARGIN_LOOKAHEAD);
 }
 
 uint32_t psa_frame_for(struct device *d, uint64_t period, uint64_t need)
 {
-  uint64_t margin = coming_margin(d, d->clock, period);
-  if (d->gpu_frames_held + margin < d->gpu_frame_limit)
+  uint64_t margin = coming_margin(d, d->pager.clock, period);
+  if (d->fr.gpu_held + margin < d->fr.gpu_limit)
     return psa_frame_take(d, PSA_GPU);
-  psp_cand *victims = d->cands + d->nchunks;
-  size_t nv = candidates(d, PSA_GPU, d->clock, period, margin > d->gpu_frame_limit, victims);
+  psp_cand *victims = d->pager.cands + d->nchunks;
+  size_t nv = candidates(d, PSA_GPU, d->pager.clock, period, margin > d->fr.gpu_limit, victims);
   for (size_t v = 0; v < nv && victims[v].next_use > need; v++) {
     uint64_t chunk = victims[v].chunk;
     if (!psa_movable(d, chunk) || psa_move(d, chunk, PSA_HOST) != CUDA_SUCCESS)
@@ -492,25 +492,25 @@ static void plan(struct device *d, uint64_t now, uint64_t period)
 {
   if (!period)
     return;
-  psp_cand *fetch = d->cands, *victims = d->cands + d->nchunks;
+  psp_cand *fetch = d->pager.cands, *victims = d->pager.cands + d->nchunks;
   uint64_t young_all = 0, waiting = 0, young_gpu = 0, room = 0;
   uint32_t most = plan_moves(d);
-  if (period != d->predicted_for) { /* predictions made with another period are void */
-    for (uint64_t i = 0; i < d->chunks_high; i++)
+  if (period != d->pager.predicted_for) { /* predictions made with another period are void */
+    for (uint64_t i = 0; i < d->space.chunks_high; i++)
       d->chunks[i].next_use = 0;
-    d->predicted_for = period;
+    d->pager.predicted_for = period;
   }
   uint64_t scan_start = psa_now_ns();
   /* Judged before this moment is noted, since counting needs it. */
-  bool crowded = coming_margin(d, now, period) > d->gpu_frame_limit;
+  bool crowded = coming_margin(d, now, period) > d->fr.gpu_limit;
   count_frames(d, now, period, crowded, &young_all, &waiting, &young_gpu, &room);
-  if (young_all > d->margin) /* counted in host frames too: what did not fit counts */
-    d->stats.margin_frames = d->margin = young_all;
-  psp_phase_note(&d->young, now, period, young_all);
+  if (young_all > d->pager.margin) /* counted in host frames too: what did not fit counts */
+    d->stats.margin_frames = d->pager.margin = young_all;
+  psp_phase_note(&d->pager.young, now, period, young_all);
   uint64_t margin = coming_margin(d, now, period);
   margin = margin > waiting ? margin - waiting : 0;
-  if (margin > d->gpu_frame_limit)
-    margin = d->gpu_frame_limit;
+  if (margin > d->fr.gpu_limit)
+    margin = d->fr.gpu_limit;
   uint64_t keep = margin > young_gpu ? margin - young_gpu : 0;
   size_t nf = candidates(d, PSA_HOST, now, period, crowded, fetch);
   size_t nv = candidates(d, PSA_GPU, now, period, crowded, victims);
@@ -518,16 +518,16 @@ static void plan(struct device *d, uint64_t now, uint64_t period)
   size_t v = 0, moves = 0;
   d->stats.plans++;
   d->stats.plans_no_fetch += nf == 0;
-  for (; room < keep && v < nv && moves < most && d->ncopying < most; v++)
+  for (; room < keep && v < nv && moves < most && d->pager.ncopying < most; v++)
     if (psa_movable(d, victims[v].chunk) && psa_move(d, victims[v].chunk, PSA_HOST) == CUDA_SUCCESS) {
       room++;
       moves++;
     }
-  for (size_t i = 0; i < nf && moves < most && d->ncopying + 2 <= most; i++) {
+  for (size_t i = 0; i < nf && moves < most && d->pager.ncopying + 2 <= most; i++) {
     uint64_t chunk = fetch[i].chunk, need = PSP_NEVER - fetch[i].next_use;
     if (!psa_movable(d, chunk))
       continue;
-    if (d->gpu_frame_limit - d->gpu_frames_held > keep) { /* a frame free or makeable beyond it */
+    if (d->fr.gpu_limit - d->fr.gpu_held > keep) { /* a frame free or makeable beyond it */
       moves += psa_move(d, chunk, PSA_GPU) == CUDA_SUCCESS;
       continue;
     }
@@ -540,7 +540,7 @@ static void plan(struct device *d, uint64_t now, uint64_t period)
     }
     struct chunk *victim = &d->chunks[victims[v].chunk];
     if (!psp_swap_pays(psp_uses_within(d->chunks[chunk].uses, PSA_USES, now, period),
-                       psp_uses_within(victim->uses, PSA_USES, now, period), use_ns(d), d->move_ns_mean)) {
+                       psp_uses_within(victim->uses, PSA_USES, now, period), use_ns(d), d->pager.move_ns_mean)) {
       d->stats.plans_no_gain++;
       continue; /* a later fetch, used more often, may still pay */
     }
@@ -594,6 +594,7 @@ static void for_each_chunk(struct visit *v, void (*fn)(struct device *, uint64_t
   }
 }
 
+/* Drops d->lock when it makes a shared chunk private (psa_unshare). */
 static void enter_chunk(struct device *d, uint64_t chunk, struct visit *v)
 {
   struct chunk *c = &d->chunks[chunk];
@@ -613,8 +614,8 @@ static void enter_chunk(struct device *d, uint64_t chunk, struct visit *v)
     d->stats.touches_gpu++;
   c->last_use = v->l->seq + 1; /* +1: 0 means never */
   c->next_use = 0;
-  if (c->last_use > d->clock)
-    d->clock = c->last_use;
+  if (c->last_use > d->pager.clock)
+    d->pager.clock = c->last_use;
   c->uses[c->use_pos++ % PSA_USES] = c->last_use;
   if (ps_options.policy == PS_POLICY_PLAN && v->period)
     psa_plan_note(d, chunk, v->period, v->position);
@@ -630,12 +631,12 @@ static void exit_chunk(struct device *d, uint64_t chunk, struct visit *v)
   if (v->marked != d) {
     v->marked = d;
     v->mark = mark_new(d, (CUstream)(uintptr_t)v->l->stream);
-    if (v->mark && d->recent && !v->ahead_dev) { /* the first device a launch touches */
+    if (v->mark && d->pager.recent && !v->ahead_dev) { /* the first device a launch touches */
       v->mark->refs++;
       v->ahead_dev = d;
-      v->ahead = d->recent[d->recent_pos]; /* the ring's reference passes to the visit */
-      d->recent[d->recent_pos] = v->mark;
-      d->recent_pos = (d->recent_pos + 1) % ps_options.runahead;
+      v->ahead = d->pager.recent[d->pager.recent_pos]; /* the ring's reference passes to the visit */
+      d->pager.recent[d->pager.recent_pos] = v->mark;
+      d->pager.recent_pos = (d->pager.recent_pos + 1) % ps_options.runahead;
     }
   }
   if (v->mark) {
@@ -665,13 +666,13 @@ static void wait_copies(struct device *d, const struct ps_moment *l, uint64_t pe
 {
   (void)period;
   (void)position;
-  for (uint32_t k = 0; k < d->ncopying;) {
-    uint64_t chunk = d->copying[k];
+  for (uint32_t k = 0; k < d->pager.ncopying;) {
+    uint64_t chunk = d->pager.copying[k];
     struct psa_mark *copy = d->chunks[chunk].copy;
     if (!psa_copy_done(d, chunk, false) &&
         PS_CU(ps_driver.cuStreamWaitEvent((CUstream)(uintptr_t)l->stream, copy->event, 0)))
       psa_copy_done(d, chunk, true);
-    if (k < d->ncopying && d->copying[k] == chunk)
+    if (k < d->pager.ncopying && d->pager.copying[k] == chunk)
       k++; /* else the slot now holds another chunk */
   }
 }
@@ -717,10 +718,10 @@ static bool runahead_wait(CUevent e)
 static void hold_back(struct device *d, struct psa_mark *ahead)
 {
   pthread_mutex_lock(&d->lock);
-  struct psa_mark *stuck = d->runahead_stuck;
+  struct psa_mark *stuck = d->pager.runahead_stuck;
   if (stuck && mark_passed(d, stuck, false)) {
     mark_put(d, stuck);
-    stuck = d->runahead_stuck = NULL;
+    stuck = d->pager.runahead_stuck = NULL;
   }
   pthread_mutex_unlock(&d->lock);
   uint64_t start = psa_now_ns();
@@ -729,8 +730,8 @@ static void hold_back(struct device *d, struct psa_mark *ahead)
   d->stats.runahead_wait_ns += psa_now_ns() - start;
   if (passed) {
     ahead->done = true;
-  } else if (!stuck && !d->runahead_stuck) {
-    d->runahead_stuck = ahead;
+  } else if (!stuck && !d->pager.runahead_stuck) {
+    d->pager.runahead_stuck = ahead;
     ahead->refs++;
     d->stats.runahead_timeouts++;
   }
@@ -759,18 +760,18 @@ static void poll_and_plan(struct device *d, const struct ps_moment *l, uint64_t 
   uint64_t start = psa_now_ns();
   psa_moves_poll(d); /* frames whose copies are done come back as room */
   d->stats.poll_ns += psa_now_ns() - start;
-  if (l->seq >= d->next_plan) {
+  if (l->seq >= d->pager.next_plan) {
     uint64_t moves = d->stats.migrations_to_gpu + d->stats.migrations_to_host;
     plan(d, l->seq + 1, period);
     uint64_t most = period / PSP_PHASES;
     if (most > ps_options.runahead)
       most = ps_options.runahead;
     bool idle = moves == d->stats.migrations_to_gpu + d->stats.migrations_to_host;
-    if (!idle || d->plan_gap < every)
-      d->plan_gap = every;
+    if (!idle || d->pager.plan_gap < every)
+      d->pager.plan_gap = every;
     else
-      d->plan_gap = d->plan_gap * 2 > most ? most : d->plan_gap * 2;
-    d->next_plan = l->seq + d->plan_gap;
+      d->pager.plan_gap = d->pager.plan_gap * 2 > most ? most : d->pager.plan_gap * 2;
+    d->pager.next_plan = l->seq + d->pager.plan_gap;
   }
   d->stats.plan_ns += psa_now_ns() - start;
 }

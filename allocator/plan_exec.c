@@ -96,7 +96,7 @@ static void advance(struct plan_exec *st, uint64_t position)
 static bool on_gpu(const struct device *d, uint64_t chunk)
 {
   uint32_t f = d->chunks[chunk].frame;
-  return f != PSA_NO_FRAME && f != psa_shared_frame(d) && d->frames[f].where == PSA_GPU;
+  return f != PSA_NO_FRAME && f != psa_shared_frame(d) && d->fr.frames[f].where == PSA_GPU;
 }
 
 /* Opens the schedule's moments up to and including position; `ns` stamps the last. */
@@ -192,9 +192,9 @@ static void make_plan(struct device *d, struct plan_exec *st)
             (ns = durations(st, start));
   if (ok) {
     /* The frames chunks outside the iteration hold on the GPU are not the plan's. */
-    uint64_t frames = d->gpu_frame_limit;
+    uint64_t frames = d->fr.gpu_limit;
     uint32_t n = psp_schedule_chunks(st->sched);
-    for (uint64_t i = 0; i < d->chunks_high; i++)
+    for (uint64_t i = 0; i < d->space.chunks_high; i++)
       if (on_gpu(d, i) && (i >= n || !psp_schedule_chunk_bytes(st->sched, (uint32_t)i)) && frames)
         frames--;
     psp_costs costs = {.h2d = H2D, .d2h = D2H, .both = BOTH, .in_place = (double)ps_options.inplace_rate,

@@ -160,7 +160,7 @@ static bool quiet(const struct chunk *c) { return !c->in_flight && !c->copy; }
 /* Untouched for an iteration, and quiet. */
 static bool idle(const struct device *d, const struct chunk *c, uint64_t period)
 {
-  return d->clock - c->last_use >= period && quiet(c);
+  return d->pager.clock - c->last_use >= period && quiet(c);
 }
 
 /* A chunk this rank may offer: in a host frame of its own, in a span allocated into no
@@ -172,8 +172,8 @@ static bool candidate(struct device *d, uint64_t chunk, uint64_t period)
 {
   const struct chunk *c = &d->chunks[chunk];
   const struct rewritten *w = &d->shard->rewritten[chunk];
-  return c->frame != PSA_NO_FRAME && c->frame != psa_shared_frame(d) && d->frames[c->frame].where == PSA_HOST &&
-         c->span && !c->span->building && c->span->live_allocs && d->clock - c->span->last_alloc >= period &&
+  return c->frame != PSA_NO_FRAME && c->frame != psa_shared_frame(d) && d->fr.frames[c->frame].where == PSA_HOST &&
+         c->span && !c->span->building && c->span->live_allocs && d->pager.clock - c->span->last_alloc >= period &&
          quiet(c) && !(w->span == c->span && w->last_alloc == c->span->last_alloc);
 }
 
@@ -273,7 +273,7 @@ static bool map_pieces(struct device *d, uint64_t chunk)
     return false;
   if (place_pieces(d, chunk))
     return true;
-  if (psa_map(d, va, d->frames[d->chunks[chunk].frame].handle)) /* back onto the frame that holds the data */
+  if (psa_map(d, va, d->fr.frames[d->chunks[chunk].frame].handle)) /* back onto the frame that holds the data */
     ps_error("chunk %llu of device %d could not be remapped: its data is unreachable", (unsigned long long)chunk,
              d->ordinal);
   return false;
@@ -371,7 +371,7 @@ static void refuse_writes(struct device *d, uint64_t chunk, bool mapped)
 static bool onto_frame(struct device *d, uint64_t chunk, uint32_t f, bool *unmapped)
 {
   unmap_pieces(d, chunk, d->shard->n);
-  if (psa_map(d, chunk_va(d, chunk), d->frames[f].handle) == CUDA_SUCCESS) {
+  if (psa_map(d, chunk_va(d, chunk), d->fr.frames[f].handle) == CUDA_SUCCESS) {
     d->chunks[chunk].frame = f;
     psa_span_relist(d, d->chunks[chunk].span);
     return true;
@@ -393,7 +393,7 @@ static void gather_used(struct device *d, uint64_t period)
   for (uint64_t i = 0; i < d->nchunks; i++) {
     const struct chunk *c = &d->chunks[i];
     st->sums[i] = !st->comm_failed && c->frame == psa_shared_frame(d) &&
-                  psp_predict_next(c->uses, PSA_USES, d->clock, period) != PSP_NEVER;
+                  psp_predict_next(c->uses, PSA_USES, d->pager.clock, period) != PSP_NEVER;
     wanted += st->sums[i];
   }
   if (!psc_agree_checksums(st->sums, d->nchunks, st->agree)) {
@@ -402,7 +402,7 @@ static void gather_used(struct device *d, uint64_t period)
   }
   for (uint64_t i = 0; i < d->nchunks; i++)
     if (st->agree[i]) {
-      st->gather_frame[i] = psa_frame_for(d, period, psp_predict_next(d->chunks[i].uses, PSA_USES, d->clock, period));
+      st->gather_frame[i] = psa_frame_for(d, period, psp_predict_next(d->chunks[i].uses, PSA_USES, d->pager.clock, period));
       if (st->gather_frame[i] == PSA_NO_FRAME)
         break; /* no frame: the others are not tried (each try scans every chunk) */
     }
@@ -447,7 +447,7 @@ static void gather_used(struct device *d, uint64_t period)
     uint64_t first = 0;
     while (st->gather_frame[first] == PSA_NO_FRAME)
       first++;
-    gathered = psc_allgather_inplace(d->frames[st->gather_frame[first]].staging, d->chunk_size, st->stream) &&
+    gathered = psc_allgather_inplace(d->fr.frames[st->gather_frame[first]].staging, d->chunk_size, st->stream) &&
                psc_stream_wait(st->stream);
   }
   uint64_t comm_made = psa_now_ns();
@@ -457,7 +457,7 @@ static void gather_used(struct device *d, uint64_t period)
   for (uint64_t i = 0; i < d->nchunks && gathered; i++) {
     if (st->gather_frame[i] == PSA_NO_FRAME)
       continue;
-    CUdeviceptr to = d->frames[st->gather_frame[i]].staging;
+    CUdeviceptr to = d->fr.frames[st->gather_frame[i]].staging;
     copied = copied && !PS_CU(ps_driver.cuMemcpyAsync(to + mine.offset, chunk_va(d, i) + mine.offset, mine.len,
                                                        st->stream));
     gathered = psc_allgather_inplace(to, d->chunk_size, st->stream);
@@ -589,7 +589,8 @@ void psa_shard_round(uint64_t period)
   pthread_mutex_unlock(&d->lock);
 }
 
-/* A chunk whose gather reads it now is not remapped until the gather is over. */
+/* A chunk whose gather reads it now is not remapped until the gather is over: drops d->lock
+ * while it waits. */
 static void wait_gather(struct device *d, uint64_t chunk)
 {
   if (d->shard->gathering && d->shard->gather_frame[chunk] != PSA_NO_FRAME)
@@ -629,17 +630,17 @@ bool psa_shard_paged_in(const struct device *d, uint64_t chunk) { return d->shar
 /* A frame for a chunk that must become private: host first (it was a host chunk), else the
  * GPU, else one more host frame than the budget allows, since the alternative is a write
  * that reaches the other ranks' data. */
-static uint32_t private_frame(struct device *d)
+static uint32_t private_frame(struct device *d) /* drops d->lock */
 {
   uint32_t f = psa_frame_take(d, PSA_HOST);
   if (f == PSA_NO_FRAME)
     f = psa_frame_take(d, PSA_GPU);
   if (f == PSA_NO_FRAME) {
-    d->host_frame_limit++;
+    d->fr.host_limit++;
     f = psa_frame_take(d, PSA_HOST);
     if (f != PSA_NO_FRAME)
       ps_log(PS_LOG_WARN, "a shared chunk became private beyond the host budget (now %llu frames)",
-             (unsigned long long)d->host_frame_limit);
+             (unsigned long long)d->fr.host_limit);
   }
   return f;
 }
@@ -664,7 +665,7 @@ void psa_unshare(struct device *d, uint64_t chunk)
   }
   CUdeviceptr va = chunk_va(d, chunk);
   bool unmapped = false;
-  if (f == PSA_NO_FRAME || PS_CU(ps_driver.cuMemcpyAsync(d->frames[f].staging, va, d->chunk_size, st->stream)) ||
+  if (f == PSA_NO_FRAME || PS_CU(ps_driver.cuMemcpyAsync(d->fr.frames[f].staging, va, d->chunk_size, st->stream)) ||
       PS_CU(ps_driver.cuStreamSynchronize(st->stream)) || !onto_frame(d, chunk, f, &unmapped)) {
     if (f != PSA_NO_FRAME)
       psa_frame_give(d, f);

@@ -102,10 +102,10 @@ static bool budgets(struct device *d)
      * all of their host state with no cap at all (bench/results/model_scale_*). */
     host = (uint64_t)((double)ram * (ps_options.host_budget_frac > 0 ? ps_options.host_budget_frac : 0.75));
   }
-  d->gpu_frame_limit = gpu / chunk;
-  d->host_frame_limit = host / chunk;
-  d->stats.gpu_budget = d->gpu_frame_limit * chunk;
-  d->stats.host_budget = d->host_frame_limit * chunk;
+  d->fr.gpu_limit = gpu / chunk;
+  d->fr.host_limit = host / chunk;
+  d->stats.gpu_budget = d->fr.gpu_limit * chunk;
+  d->stats.host_budget = d->fr.host_limit * chunk;
   d->stats.chunk_size = chunk;
   ps_log(PS_LOG_INFO, "device %d: GPU budget %llu MiB, host budget %llu MiB, chunk %llu MiB", d->ordinal,
          (unsigned long long)(d->stats.gpu_budget >> 20), (unsigned long long)(d->stats.host_budget >> 20),
@@ -149,7 +149,7 @@ void psa_digest_alloc(struct device *d, uint64_t size)
   uint64_t x = size + 0x9E3779B97F4A7C15ull;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  d->alloc_digest += x ^ (x >> 31);
+  d->space.alloc_digest += x ^ (x >> 31);
 }
 
 uint64_t psa_alloc_digest(void)
@@ -162,7 +162,7 @@ uint64_t psa_alloc_digest(void)
     if (!d->ready)
       continue;
     pthread_mutex_lock(&d->lock);
-    digest = digest * 31 + d->alloc_digest + used++;
+    digest = digest * 31 + d->space.alloc_digest + used++;
     pthread_mutex_unlock(&d->lock);
   }
   return digest;
@@ -199,7 +199,7 @@ static bool setup(struct device *d, int ordinal)
     return false;
   if (!settle_chunk_size(d) || !budgets(d))
     return false;
-  d->max_frames = d->gpu_frame_limit + d->host_frame_limit;
+  d->max_frames = d->fr.gpu_limit + d->fr.host_limit;
   /* Twice the frames' worth of addresses: spans of several chunks fragment the space. */
   d->nchunks = 2 * d->max_frames + 16;
   uint64_t bytes = d->nchunks * d->chunk_size;
@@ -210,17 +210,17 @@ static bool setup(struct device *d, int ordinal)
     return false;
   }
   d->chunks = calloc(d->nchunks, sizeof *d->chunks);
-  d->frames = calloc(d->max_frames + 2, sizeof *d->frames); /* and psa_shared_frame */
-  d->cands = calloc(2 * d->nchunks, sizeof *d->cands); /* fetches, then victims */
+  d->fr.frames = calloc(d->max_frames + 2, sizeof *d->fr.frames); /* and psa_shared_frame */
+  d->pager.cands = calloc(2 * d->nchunks, sizeof *d->pager.cands); /* fetches, then victims */
   if (ps_options.policy != PS_POLICY_STATIC)
-    d->recent = calloc(ps_options.runahead, sizeof *d->recent);
-  if (!d->chunks || !d->frames || !d->cands || (ps_options.policy != PS_POLICY_STATIC && !d->recent)) {
+    d->pager.recent = calloc(ps_options.runahead, sizeof *d->pager.recent);
+  if (!d->chunks || !d->fr.frames || !d->pager.cands || (ps_options.policy != PS_POLICY_STATIC && !d->pager.recent)) {
     ps_error("out of host memory for chunk tables");
     return false;
   }
   for (uint64_t i = 0; i < d->nchunks; i++)
     d->chunks[i].frame = PSA_NO_FRAME;
-  d->frames[psa_shared_frame(d)].where = PSA_HOST;
+  d->fr.frames[psa_shared_frame(d)].where = PSA_HOST;
   join_node(d); /* before any host frame is made, so every one is counted node-wide */
   if (PS_CU(psa_frames_init(d)))
     return false;
@@ -314,12 +314,12 @@ int64_t psa_chunk_of(CUdeviceptr p, int *ordinal)
 bool psa_chunks_reserve(struct device *d, uint64_t n, uint64_t *first)
 {
   for (int pass = 0; pass < 2; pass++) {
-    uint64_t start = pass ? 0 : d->chunk_hint, run = 0;
+    uint64_t start = pass ? 0 : d->space.chunk_hint, run = 0;
     for (uint64_t i = start; i < d->nchunks; i++) {
       run = d->chunks[i].span ? 0 : run + 1;
       if (run == n) {
         *first = i + 1 - n;
-        d->chunk_hint = i + 1 < d->nchunks ? i + 1 : 0;
+        d->space.chunk_hint = i + 1 < d->nchunks ? i + 1 : 0;
         psa_chunks_note_high(d, i + 1);
         return true;
       }
@@ -340,16 +340,16 @@ bool psa_chunks_free(const struct device *d, uint64_t first, uint64_t n)
 
 void psa_chunks_note_high(struct device *d, uint64_t end)
 {
-  if (end > d->chunks_high)
-    d->chunks_high = end;
+  if (end > d->space.chunks_high)
+    d->space.chunks_high = end;
 }
 
 void psa_chunks_unreserve(struct device *d, uint64_t first, uint64_t n)
 {
   for (uint64_t i = first; i < first + n; i++)
     d->chunks[i].span = NULL;
-  if (first < d->chunk_hint)
-    d->chunk_hint = first;
+  if (first < d->space.chunk_hint)
+    d->space.chunk_hint = first;
 }
 
 CUresult psa_map(struct device *d, CUdeviceptr va, CUmemGenericAllocationHandle h)
@@ -373,7 +373,7 @@ enum psa_where psa_chunk_where(int ordinal, uint64_t chunk)
   enum psa_where w = PSA_UNMAPPED;
   pthread_mutex_lock(&d->lock);
   if (chunk < d->nchunks && d->chunks[chunk].frame != PSA_NO_FRAME)
-    w = d->frames[d->chunks[chunk].frame].where;
+    w = d->fr.frames[d->chunks[chunk].frame].where;
   pthread_mutex_unlock(&d->lock);
   return w;
 }

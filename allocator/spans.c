@@ -10,8 +10,8 @@
 
 CUevent psa_event_get(struct device *d)
 {
-  if (d->nevents)
-    return d->event_pool[--d->nevents];
+  if (d->events.n)
+    return d->events.pool[--d->events.n];
   CUevent e = NULL;
   if (PS_CU(ps_driver.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING)))
     return NULL;
@@ -22,22 +22,22 @@ void psa_event_put(struct device *d, CUevent e)
 {
   if (!e)
     return;
-  if (d->nevents == d->event_cap) {
-    uint32_t cap = d->event_cap ? d->event_cap * 2 : 64;
-    CUevent *p = realloc(d->event_pool, cap * sizeof *p);
+  if (d->events.n == d->events.cap) {
+    uint32_t cap = d->events.cap ? d->events.cap * 2 : 64;
+    CUevent *p = realloc(d->events.pool, cap * sizeof *p);
     if (!p) {
       PS_CU(ps_driver.cuEventDestroy_v2(e));
       return;
     }
-    d->event_pool = p;
-    d->event_cap = cap;
+    d->events.pool = p;
+    d->events.cap = cap;
   }
-  d->event_pool[d->nevents++] = e;
+  d->events.pool[d->events.n++] = e;
 }
 
 static void list_insert(struct device *d, struct span *s)
 {
-  struct span **head = &d->spans[s->where];
+  struct span **head = &d->space.spans[s->where];
   s->prev = NULL;
   s->next = *head;
   if (*head)
@@ -50,7 +50,7 @@ static void list_remove(struct device *d, struct span *s)
   if (s->prev)
     s->prev->next = s->next;
   else
-    d->spans[s->where] = s->next;
+    d->space.spans[s->where] = s->next;
   if (s->next)
     s->next->prev = s->prev;
   s->prev = s->next = NULL;
@@ -59,7 +59,7 @@ static void list_remove(struct device *d, struct span *s)
 static enum psa_where span_where(struct device *d, struct span *s)
 {
   for (uint64_t i = 0; i < s->nchunks; i++)
-    if (d->frames[d->chunks[s->first_chunk + i].frame].where != PSA_GPU)
+    if (d->fr.frames[d->chunks[s->first_chunk + i].frame].where != PSA_GPU)
       return PSA_HOST;
   return PSA_GPU;
 }
@@ -270,8 +270,8 @@ static void unmap_chunks(struct device *d, uint64_t first, uint64_t n)
 
 void psa_span_delete(struct device *d, struct span *s)
 {
-  if (d->last_span == s)
-    d->last_span = NULL;
+  if (d->space.last_span == s)
+    d->space.last_span = NULL;
   list_remove(d, s);
   unmap_chunks(d, s->first_chunk, s->nchunks);
   psa_chunks_unreserve(d, s->first_chunk, s->nchunks);
@@ -284,7 +284,7 @@ void psa_span_delete(struct device *d, struct span *s)
 static bool span_has(struct device *d, struct span *s, enum psa_where w)
 {
   for (uint64_t i = 0; i < s->nchunks; i++)
-    if (d->frames[d->chunks[s->first_chunk + i].frame].where == w)
+    if (d->fr.frames[d->chunks[s->first_chunk + i].frame].where == w)
       return true;
   return false;
 }
@@ -295,7 +295,7 @@ static bool reclaim_one(struct device *d, enum psa_where want)
 {
   static const enum psa_where lists[] = {PSA_GPU, PSA_HOST};
   for (int k = want == PSA_HOST; k < 2; k++)
-    for (struct span *s = d->spans[lists[k]]; s; s = s->next)
+    for (struct span *s = d->space.spans[lists[k]]; s; s = s->next)
       if (span_has(d, s, want) && psa_span_idle(d, s)) {
         psa_span_delete(d, s);
         return true;
@@ -309,7 +309,7 @@ uint32_t psa_host_frame(struct device *d)
   return psa_frame_take(d, PSA_HOST);
 }
 
-/* GPU frames first (free, made, or taken back from idle spans), then host frames. */
+/* GPU frames first (free, made, or taken back from idle spans), then host frames. Drops d->lock. */
 static uint32_t frame_for_chunk(struct device *d)
 {
   static const enum psa_where order[] = {PSA_GPU, PSA_HOST};
@@ -325,8 +325,8 @@ static uint32_t frame_for_chunk(struct device *d)
   return PSA_NO_FRAME;
 }
 
-/* Gives s the unreserved chunks [first, first + n) and maps a frame under each (the lock
- * may drop while frames are taken: s->building keeps the pager off s). False when frames
+/* Gives s the unreserved chunks [first, first + n) and maps a frame under each (drops
+ * d->lock while frames are taken: s->building keeps the pager off s). False when frames
  * run out: then the chunks are unmapped and unreserved again. */
 static bool add_chunks(struct device *d, struct span *s, uint64_t first, uint64_t n)
 {
@@ -344,7 +344,7 @@ static bool add_chunks(struct device *d, struct span *s, uint64_t first, uint64_
   s->building = true;
   for (uint64_t i = first; i < first + n; i++) {
     uint32_t f = frame_for_chunk(d);
-    CUresult r = f == PSA_NO_FRAME ? CUDA_ERROR_OUT_OF_MEMORY : psa_map(d, d->base + i * d->chunk_size, d->frames[f].handle);
+    CUresult r = f == PSA_NO_FRAME ? CUDA_ERROR_OUT_OF_MEMORY : psa_map(d, d->base + i * d->chunk_size, d->fr.frames[f].handle);
     if (r) {
       if (f != PSA_NO_FRAME)
         psa_frame_give(d, f);
@@ -355,7 +355,7 @@ static bool add_chunks(struct device *d, struct span *s, uint64_t first, uint64_
     }
     d->chunks[i].frame = f;
     d->stats.mapped_chunk_bytes += d->chunk_size;
-    psa_trace_chunk(d, i, d->frames[f].where == PSA_GPU ? PST_CHUNK_FRAME_GPU : PST_CHUNK_FRAME_HOST);
+    psa_trace_chunk(d, i, d->fr.frames[f].where == PSA_GPU ? PST_CHUNK_FRAME_GPU : PST_CHUNK_FRAME_HOST);
   }
   s->building = building;
   return true;
@@ -376,7 +376,7 @@ struct span *psa_span_new(struct device *d, uint64_t nchunks)
   s->first_chunk = first;
   s->nchunks = nchunks;
   s->building = true;
-  s->last_alloc = d->clock;
+  s->last_alloc = d->pager.clock;
   if (!add_chunks(d, s, first, nchunks)) {
     free(s->ranges);
     free(s);
@@ -401,7 +401,7 @@ struct span *psa_span_new(struct device *d, uint64_t nchunks)
  * 1.25x the budget went from 0.67 to 2.3 s a step on the H200). */
 struct span *psa_span_extend(struct device *d, uint64_t size, CUstream stream, uint64_t *off)
 {
-  struct span *s = d->last_span;
+  struct span *s = d->space.last_span;
   uint64_t c = d->chunk_size, own = (size + c - 1) / c;
   if (!s || !s->nranges || s->building)
     return NULL;
