@@ -5,6 +5,8 @@
  * CUDA_ERROR_INVALID_VALUE; whether it is mapped is found out when the copy runs —
  * an unmapped chunk faults, as a copy engine would. Generic cuMemcpy/cuMemcpyAsync take
  * any pointers (unified addressing). */
+#include <stdatomic.h>
+
 #include "fakecuda_internal.h"
 
 enum { DST_DEV = 1, SRC_DEV = 2 };
@@ -54,6 +56,10 @@ static CUresult fill(CUdeviceptr dst, uint32_t value, unsigned elem, size_t coun
 #define H(p) ((CUdeviceptr)(uintptr_t)(p))
 
 /* ---- generic ---- */
+static _Atomic bool fail_async; /* fakecuda_fail_async_copies */
+
+FC_EXPORT void fakecuda_fail_async_copies(bool on) { atomic_store(&fail_async, on); }
+
 FC_EXPORT CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount) {
   FC_TRACED(cuMemcpy, copy(dst, src, ByteCount, NULL, false, true, 0), dst, src, ByteCount);
 }
@@ -61,10 +67,13 @@ FC_EXPORT CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t ByteCo
   FC_TRACED(cuMemcpy_ptds, copy(dst, src, ByteCount, NULL, true, true, 0), dst, src, ByteCount);
 }
 FC_EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream) {
-  FC_TRACED(cuMemcpyAsync, copy(dst, src, ByteCount, hStream, false, false, 0), dst, src, ByteCount, hStream);
+  FC_TRACED(cuMemcpyAsync, atomic_load(&fail_async) ? CUDA_ERROR_UNKNOWN : copy(dst, src, ByteCount, hStream, false, false, 0),
+            dst, src, ByteCount, hStream);
 }
 FC_EXPORT CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream) {
-  FC_TRACED(cuMemcpyAsync_ptsz, copy(dst, src, ByteCount, hStream, true, false, 0), dst, src, ByteCount, hStream);
+  FC_TRACED(cuMemcpyAsync_ptsz,
+            atomic_load(&fail_async) ? CUDA_ERROR_UNKNOWN : copy(dst, src, ByteCount, hStream, true, false, 0), dst, src,
+            ByteCount, hStream);
 }
 
 /* ---- synchronous, typed ---- */

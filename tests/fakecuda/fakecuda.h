@@ -92,6 +92,10 @@ FAKECUDA_API bool fakecuda_stream_capture_broken(CUstream stream);
  * not a stream. For stand-ins of libraries whose kernels run on a stream (fake NCCL). */
 FAKECUDA_API void *fakecuda_stream_view(CUstream s, CUdeviceptr p);
 
+/* While on, cuMemcpyAsync (and _ptsz) fails with CUDA_ERROR_UNKNOWN: a driver that refuses
+ * the copy a failure path depends on. */
+FAKECUDA_API void fakecuda_fail_async_copies(bool on);
+
 /* Changes the FAKECUDA_*_DELAY_US values at run time (for tests that need several). */
 FAKECUDA_API void fakecuda_set_delays(unsigned copy_us, unsigned event_us, unsigned kernel_us);
 

@@ -371,6 +371,18 @@ PY
   done
   [ -e "$tmp/readers_went_back" ] || fail "in no READERS run did a read-only chunk go back onto its pieces"
 
+  # A rank that cannot make a shared chunk its own (REFUSE=1: the driver refuses rank 1's
+  # copies during its late write) must not write the node's copy: psshim says so, leaves the
+  # chunk unmapped and goes on, so the write faults on rank 1 (a signal on the test driver,
+  # the kernel's error on a GPU), never exits; rank 0 runs on alone, its bytes its own.
+  ARGS="16 100" two_ranks refuse "${shard[@]}" DIVERGE=0 DEVICE_PER_RANK=0 REWRITE=0 READERS=0 REFUSE=1
+  [ "$status1" -gt 128 ] || fail "refuse: rank 1 ended with status $status1, not at the faulting write: $(cat "$tmp/refuse.1.err")"
+  grep -q "cannot be made this rank's own: its addresses are left unmapped" "$tmp/refuse.1.err" \
+    || fail "refuse: rank 1 did not say why: $(cat "$tmp/refuse.1.err")"
+  [ "$status0" = 0 ] && [ "$(sed 's/, host frame.*//' "$tmp/refuse.0.out")" = "$(sed 's/, host frame.*//' "$tmp/s16.d0.alone.0")" ] \
+    || fail "refuse: rank 0's bytes differ from its run alone: $(cat "$tmp/refuse.0.out" "$tmp/refuse.0.err")"
+  echo "a rank that cannot unshare: rank 1 faulted at its write (status $status1), rank 0 intact: $(cat "$tmp/refuse.0.out")"
+
   # Gathered page-in: READ_EVERY=1 reads the readers every step of the first half, as frozen
   # weights are read, with GPU room for them (40M). Shared at a round, they come back onto
   # GPU frames at the next: each rank copies its own piece in and the stand-in NCCL

@@ -10,6 +10,8 @@
  * READERS=n adds n replicated buffers that a kernel reads (never writes) every third step
  * (READ_EVERY=k: every k-th) of the first half, as frozen weights are read, then leaves
  * alone; a quarter of the way in, each rank writes its own value into the first of them.
+ * REFUSE=1: the driver refuses rank 1's async copies during its late write, so it cannot
+ * make that chunk its own if it is shared (psshim then leaves it unmapped: the write faults).
  * DEVICE_PER_RANK=1 runs rank r on device r, as a torchrun job does (the driver needs
  * FAKECUDA_DEVICE_COUNT ranks).
  * Every buffer is read back and compared with a host mirror at the end.
@@ -90,6 +92,7 @@ int main(int argc, char **argv)
   int diverge = getenv("DIVERGE") && atoi(getenv("DIVERGE")) && rank == 1;
   int rewrite = getenv("REWRITE") && atoi(getenv("REWRITE"));
   int readers = getenv("READERS") ? atoi(getenv("READERS")) : 0;
+  int refuse = getenv("REFUSE") && atoi(getenv("REFUSE")) && rank == 1;
   int read_every = getenv("READ_EVERY") && atoi(getenv("READ_EVERY")) > 0 ? atoi(getenv("READ_EVERY")) : 3;
   rng = seed * 2654435761u + 1;
   if (getenv("DEVICE_PER_RANK") && atoi(getenv("DEVICE_PER_RANK")))
@@ -147,7 +150,10 @@ int main(int argc, char **argv)
       /* near the end each rank its own value; halfway (REWRITE) the same one */
       uint32_t value = step == steps - 3 ? 1000u + (uint32_t)rank : 7u;
       void *pp[] = {&buf[poked].dev, &value};
+      if (refuse && step == steps - 3)
+        fakecuda_fail_async_copies(true); /* the copy that would make a shared chunk its own */
       launch(poke, pp, s);
+      fakecuda_fail_async_copies(false);
       buf[poked].mirror[0] = value;
     }
     check(cudaFreeAsync(act, s), "cudaFreeAsync");
