@@ -585,7 +585,10 @@ static void for_each_chunk(struct visit *v, void (*fn)(struct device *, uint64_t
     if (!s || s == last)
       continue;
     last = s;
-    for (uint64_t i = s->first_chunk; i < s->first_chunk + s->nchunks; i++)
+    /* fn may drop the lock (enter_chunk, unsharing a chunk): the span is not read again,
+     * as another thread may free it meanwhile. */
+    uint64_t first = s->first_chunk, n = s->nchunks;
+    for (uint64_t i = first; i < first + n; i++)
       fn(d, i, v);
   }
   if (locked) {
