@@ -258,14 +258,13 @@ void psa_shard_stop(void);
  * allocation or a free (called without locks; waits for the other ranks,
  * PSSHIM_COMM_TIMEOUT_S at most). */
 void psa_meet_ranks(void);
-/* What the devices allocated so far, in one number (space.c), compared among the ranks at
- * their first meeting: psa_allocs_agree. */
-uint64_t psa_alloc_digest(void);
+/* What the devices allocated so far, in one number, compared among the ranks at their
+ * first meeting (space.c): sets psa_allocs_agree. */
+void psa_compare_allocs(void);
 /* ram, or the memory limit of the cgroup that proc_cgroup (/proc/self/cgroup's format)
  * names under cgroup_root (v2's memory.max, v1's memory/.../memory.limit_in_bytes) where
  * that is lower (space.c: the host budget's base). */
 uint64_t psa_ram_limit(uint64_t ram, const char *proc_cgroup, const char *cgroup_root);
-void psa_compare_allocs(uint64_t digest);
 /* A sharing round at a meeting, when one is due (shard.c). */
 void psa_shard_round(uint64_t period);
 

@@ -37,7 +37,7 @@ void psa_meet_ranks(void)
   for (; atomic_load(&pending); atomic_fetch_sub(&pending, 1)) {
     if (!compared) {
       compared = true;
-      psa_compare_allocs(psa_alloc_digest());
+      psa_compare_allocs();
     }
     psa_shard_round(atomic_load(&latest_period));
   }
