@@ -34,6 +34,20 @@ class Steps:
         self.losses.append(float(value))
 
 
+def train(forward, opt, shape, n, steps):
+    """n plain training steps, each timed by steps: the mean square of forward's output on a
+    random batch of `shape` (from a generator seeded 1), backward, the optimizer's step."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    for _ in range(n):
+        x = torch.randn(*shape, device="cuda", generator=g)
+        with steps:
+            loss = forward(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        steps.loss(loss.item())
+
+
 def report(steps, **extra):
     warm = steps.times[len(steps.times) // 4:] or steps.times
     out = {"losses": [repr(x) for x in steps.losses],
