@@ -367,7 +367,8 @@ static void refuse_writes(struct device *d, uint64_t chunk, bool mapped)
 }
 
 /* Maps the chunk's own frame f, which holds its bytes, in place of its pieces; false when
- * the driver refuses: the chunk is back on its pieces, or (*unmapped) on nothing. */
+ * the driver refuses: the chunk is back on its pieces, or (*unmapped) on nothing, which the
+ * caller says (refuse_writes). */
 static bool onto_frame(struct device *d, uint64_t chunk, uint32_t f, bool *unmapped)
 {
   unmap_pieces(d, chunk, d->shard->n);
@@ -377,9 +378,6 @@ static bool onto_frame(struct device *d, uint64_t chunk, uint32_t f, bool *unmap
     return true;
   }
   *unmapped = !place_pieces(d, chunk);
-  if (*unmapped)
-    ps_error("chunk %llu of device %d could not be remapped: its data is unreachable", (unsigned long long)chunk,
-             d->ordinal);
   return false;
 }
 
