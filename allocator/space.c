@@ -178,10 +178,9 @@ static void join_node(struct device *d)
   if (joined)
     return;
   joined = true;
-  static const char *const policies[] = {"static", "auto", "plan"}; /* core/options.c's order */
   struct psc_config cfg = {.chunk_size = d->chunk_size, .gpu_budget = d->stats.gpu_budget,
                            .host_budget = d->stats.host_budget};
-  snprintf(cfg.policy, sizeof cfg.policy, "%s", policies[ps_options.policy]);
+  snprintf(cfg.policy, sizeof cfg.policy, "%s", ps_policy_name(ps_options.policy));
   if (psc_node_join(&cfg, 0) == PSC_BAD)
     ps_log(PS_LOG_WARN, "this rank runs without the node's other ranks (see the line above)");
 }

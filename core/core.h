@@ -149,6 +149,8 @@ struct ps_moment {
 
 /* ---- options: read once from the environment at start (see options.c for the table) ---- */
 enum ps_policy_kind { PS_POLICY_STATIC = 0, PS_POLICY_AUTO, PS_POLICY_PLAN };
+/* A policy's PSSHIM_POLICY value ("static", "auto", "plan"). */
+const char *ps_policy_name(enum ps_policy_kind p);
 struct ps_options {
   uint64_t gpu_budget;       /* bytes of GPU frames; 0 = default (device memory minus reserve) */
   double gpu_budget_frac;    /* when given as NN%, fraction of device memory; else 0 */

@@ -23,7 +23,7 @@ struct option_def {
   const char *const *choices;
 };
 
-static const char *const policy_choices[] = {"static", "auto", "plan", NULL};
+static const char *const policy_choices[] = {"static", "auto", "plan", NULL}; /* enum ps_policy_kind's order */
 static const char *const log_choices[] = {"off", "error", "warn", "info", "debug", NULL};
 static const char *const torch_choices[] = {"async", "keep", NULL};
 
@@ -156,6 +156,8 @@ static bool parse_one(const struct option_def *o, const char *text)
   }
   return false;
 }
+
+const char *ps_policy_name(enum ps_policy_kind p) { return policy_choices[p]; }
 
 bool ps_options_parse(char *err, size_t errlen)
 {
