@@ -95,12 +95,16 @@ void psa_usage_reset_high(int ordinal, bool reserved, bool used);
  *   (Belady); swaps passed over as not paying (psp_swap_pays); the margin kept for
  *   short-lived allocations, in frames;
  * - touches: observed chunk touches served from each kind of frame (auto);
- * - host time auto spent on the launching threads: planning (moves included), moving
- *   (queueing copies, remapping), remapping alone, a plan's scans of the chunks, polling
- *   moves in flight before a plan, waiting for the frame pool to make a frame, making
- *   frames (allocating threads too), holding the host back to PSSHIM_RUNAHEAD launches
- *   ahead, and the run-ahead waits that gave up (the work ahead waited for the host);
+ * - host time of the mover (the thread that pages, pager.c): planning (moves included),
+ *   moving (remapping, queueing copies), remapping alone, a plan's scans of the chunks,
+ *   polling moves in flight before a plan; waiting for the frame pool to make a frame,
+ *   making frames (allocating threads too); the launching threads holding back to
+ *   PSSHIM_RUNAHEAD launches ahead, and the run-ahead waits that gave up (the work ahead
+ *   waited for the host);
  * - event_queries: cuEventQuery calls the pager made to learn what has run;
+ * - late waits: launches that reached a chunk while the mover remapped it, and how long
+ *   they waited; launch_ns: the launching threads' whole time in the pager (bracketing
+ *   chunks, late waits, waking the mover; the run-ahead hold apart), with auto or plan;
  * - sharding: the rounds held (device synchronized, chunks checksummed and compared) and
  *   the time spent in them, chunks made shared and private again, shared chunks paged in
  *   at a touch (pieces kept) and mapped back onto their pieces unchanged, shared chunks
@@ -126,6 +130,7 @@ void psa_usage_reset_high(int ordinal, bool reserved, bool used);
   X(plan_ns, SUM) X(move_ns, SUM) X(remap_ns, SUM) X(scan_ns, SUM) X(poll_ns, SUM)            \
   X(frame_wait_ns, SUM) X(frame_make_ns, SUM) X(runahead_wait_ns, SUM)                        \
   X(runahead_timeouts, SUM) X(event_queries, SUM)                                             \
+  X(late_waits, SUM) X(late_wait_ns, SUM) X(launch_ns, SUM)                                   \
   X(share_rounds, SUM) X(share_round_ns, SUM) X(shares, SUM) X(unshares, SUM)                 \
   X(shared_pageins, SUM) X(shared_clean_leaves, SUM) X(shared_gathers, SUM)                   \
   X(gathered_bytes, SUM) X(gather_ns, SUM) X(comm_init_ns, SUM) X(shared_chunks, SUM)         \

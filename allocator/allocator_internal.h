@@ -72,6 +72,7 @@ struct deferred_frame {
 struct chunk {
   uint32_t frame; /* PSA_NO_FRAME when unmapped */
   uint32_t in_flight; /* observed launches between their enter and exit (pager.c) */
+  bool moving;        /* a move is remapping it with d->lock dropped: nothing else may touch it (pager.c) */
   struct span *span;
   struct psa_mark *copy; /* its last move's copy, until seen complete */
   uint64_t last_use;
@@ -100,7 +101,8 @@ struct alloc_entry {
  * Functions that drop d->lock say so in their contract ("Drops d->lock"); a caller
  * re-checks what it read before the call. The drops: making a frame (frames.c: the
  * driver's cuMemCreate, up to ~20 ms for a host frame, runs without the lock), waiting
- * for a frame another thread is making, and waiting for a gather (shard.c). */
+ * for a frame another thread is making, waiting for a gather (shard.c), a move's remap
+ * (pager.c: the chunk is `moving` meanwhile) and waiting for one to finish. */
 struct device {
   pthread_mutex_t lock;
   /* Set up once under setup_lock before `ready` is published (release); read without a
@@ -167,9 +169,22 @@ struct device {
     psp_phase_max young;      /* the frames they held, by phase of the iteration */
     uint64_t predicted_for;   /* the period the chunks' next_use were predicted with */
     uint64_t next_plan, plan_gap; /* plans back off while they move nothing */
-    uint64_t move_ns_mean;    /* the launching thread's time per move (queue the copy, remap) */
+    uint64_t move_ns_mean;    /* a move's time (remap, queue the copy) on the thread that makes it */
     psp_cand *cands; /* scratch for the plans, two per chunk */
+    uint32_t nmoving;         /* chunks `moving` */
+    pthread_cond_t moved;     /* on d->lock: a chunk stopped `moving` */
   } pager;
+  /* The mover (pager.c): the thread that plans and makes the moves, woken by launches.
+   * Its own mutex, never held with d->lock, so a launch that wakes it never waits for a plan. */
+  struct {
+    pthread_mutex_t mutex;
+    pthread_cond_t wake;
+    pthread_t thread;
+    bool started, failed; /* failed: no thread; launches plan as they did without one */
+    bool due;             /* a launch asked for a plan since the last one began */
+    uint64_t seq, period, position; /* the latest such launch's */
+    uint64_t launch_ns;   /* the launching threads' time in the pager so far (stats.launch_ns) */
+  } mover;
   struct psa_shard *shard; /* sharing among the node's ranks (shard.c), NULL until used: d->lock */
   struct psa_stats stats;  /* d->lock; psa_stats_get copies them under it */
 };

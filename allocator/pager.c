@@ -175,42 +175,67 @@ static void give_after(struct device *d, uint32_t frame, struct psa_mark *copy)
   d->pager.deferred[d->pager.ndeferred++] = (struct deferred_frame){.frame = frame, .copy = copy};
 }
 
+/* Moves whose copies are in flight or may soon be (each moving chunk adds one): the slots
+ * of d->pager.copying a new move may count on. */
+static bool copy_slot_free(const struct device *d)
+{
+  return d->pager.ncopying + d->pager.nmoving < PSA_MAX_MIGRATIONS;
+}
+
 bool psa_movable(struct device *d, uint64_t chunk)
 {
   struct chunk *c = &d->chunks[chunk];
-  return c->frame != PSA_NO_FRAME && c->frame != psa_shared_frame(d) && !c->in_flight && !c->span->building &&
+  return c->frame != PSA_NO_FRAME && c->frame != psa_shared_frame(d) && !c->in_flight && !c->moving &&
+         !c->span->building && !atomic_load(&paging_off) &&
          psa_copy_done(d, chunk, false) && users_passed(d, c, false);
 }
 
-/* Points a chunk's addresses at another frame; false (still mapped where it was) if the
- * driver refuses. */
+/* Points a chunk's addresses at another frame with d->lock dropped (the caller has marked
+ * the chunk `moving`, so nothing else touches it meanwhile): a remap takes 50 us alone and
+ * over a millisecond queued behind copies (../shared/DESIGN.md), and launches of other
+ * chunks need not wait for it. False (still mapped where it was) if the driver refuses. */
 static bool remap(struct device *d, uint64_t chunk, uint32_t from, uint32_t to)
 {
   CUdeviceptr va = d->base + chunk * d->chunk_size;
+  CUmemGenericAllocationHandle onto = d->fr.frames[to].handle, back = d->fr.frames[from].handle;
   uint64_t start = psa_now_ns();
-  if (PS_CU(ps_driver.cuMemUnmap(va, d->chunk_size)))
-    return false;
-  if (psa_map(d, va, d->fr.frames[to].handle) == CUDA_SUCCESS) {
-    d->stats.remap_ns += psa_now_ns() - start;
-    return true;
+  pthread_mutex_unlock(&d->lock);
+  bool ok = !PS_CU(ps_driver.cuMemUnmap(va, d->chunk_size));
+  if (ok && psa_map(d, va, onto) != CUDA_SUCCESS) {
+    ok = false;
+    if (psa_map(d, va, back)) /* back onto the frame that holds the data */
+      ps_error("chunk %llu of device %d could not be remapped: its data is unreachable", (unsigned long long)chunk,
+               d->ordinal);
   }
-  if (psa_map(d, va, d->fr.frames[from].handle)) /* back onto the frame that holds the data */
-    ps_error("chunk %llu of device %d could not be remapped: its data is unreachable", (unsigned long long)chunk,
-             d->ordinal);
-  return false;
+  pthread_mutex_lock(&d->lock);
+  if (ok)
+    d->stats.remap_ns += psa_now_ns() - start;
+  return ok;
 }
 
-/* Moves a quiescent chunk onto frame `to` (taken by the caller; given back on failure):
- * the remap first, then the copy on its direction's stream, after `after` when not NULL
- * (the copy out of that frame). A remap behind a queued copy of the same memory (read
- * through the frames' staging addresses) costs more: on the H200 an unmap took 83 us
- * instead of 50 with one in flight (bench/remap_stall.c). Nothing in flight uses the
- * chunk's addresses, and launches that touch it from now on wait for the copy (c->copy,
- * set before the lock is dropped). Returns the old frame, whose copy-out is c->copy, or
- * PSA_NO_FRAME on failure (the chunk is where it was). */
+static void move_end(struct device *d, struct chunk *c)
+{
+  c->moving = false;
+  d->pager.nmoving--;
+  pthread_cond_broadcast(&d->pager.moved);
+}
+
+/* Moves a chunk onto frame `to` (taken by the caller; given back once `after`, the copy out
+ * of it, is done, when the move does not happen), if it is quiescent now: the remap first,
+ * then the copy on its direction's stream, after `after` when not NULL. A remap behind a
+ * queued copy of the same memory (read through the frames' staging addresses) costs more:
+ * on the H200 an unmap took 83 us instead of 50 with one in flight (bench/remap_stall.c).
+ * Nothing in flight uses the chunk's addresses; launches that reach it during the remap
+ * wait for it (enter_chunk), and those after it wait for the copy on their stream (c->copy).
+ * Returns the old frame, whose copy-out is c->copy, or PSA_NO_FRAME when nothing moved (the
+ * chunk is where it was). Drops d->lock. */
 static uint32_t move_onto(struct device *d, uint64_t chunk, uint32_t to, struct psa_mark *after)
 {
   struct chunk *c = &d->chunks[chunk];
+  if (!psa_movable(d, chunk) || !copy_slot_free(d)) {
+    give_after(d, to, after);
+    return PSA_NO_FRAME;
+  }
   uint32_t from = c->frame;
   enum psa_where where = d->fr.frames[to].where;
   CUstream s = where == PSA_GPU ? d->pager.copy_in : d->pager.copy_out;
@@ -219,9 +244,14 @@ static uint32_t move_onto(struct device *d, uint64_t chunk, uint32_t to, struct 
     psa_frame_give(d, to);
     return from;
   }
+  c->moving = true;
+  d->pager.nmoving++;
+  if (after)
+    after->refs++; /* the lock drops: another thread may see the copy done and put its mark */
+  uint32_t old = PSA_NO_FRAME;
   if (!remap(d, chunk, from, to)) {
-    psa_frame_give(d, to);
-    return PSA_NO_FRAME;
+    give_after(d, to, after);
+    goto out;
   }
   if (after && !after->done && PS_CU(ps_driver.cuStreamWaitEvent(s, after->event, 0)))
     mark_passed(d, after, true);
@@ -235,8 +265,9 @@ static uint32_t move_onto(struct device *d, uint64_t chunk, uint32_t to, struct 
       ps_error("chunk %llu of device %d could not be mapped back: its data is unreachable", (unsigned long long)chunk,
                d->ordinal);
     psa_frame_give(d, to);
-    return PSA_NO_FRAME;
+    goto out;
   }
+  old = from;
   c->frame = to;
   c->copy = copy;
   d->pager.copying[d->pager.ncopying++] = chunk;
@@ -253,14 +284,17 @@ static uint32_t move_onto(struct device *d, uint64_t chunk, uint32_t to, struct 
   uint64_t spent = psa_now_ns() - start;
   d->stats.move_ns += spent;
   d->pager.move_ns_mean = d->pager.move_ns_mean ? (d->pager.move_ns_mean * 15 + spent) / 16 : spent; /* over ~16 moves */
-  return from;
+out:
+  mark_put(d, after);
+  move_end(d, c);
+  return old;
 }
 
 static CUresult move_checks(struct device *d, uint64_t chunk)
 {
   if (!psa_movable(d, chunk))
     return CUDA_ERROR_NOT_READY;
-  if (d->pager.ncopying == PSA_MAX_MIGRATIONS || !ensure_copy_streams(d))
+  if (!copy_slot_free(d) || !ensure_copy_streams(d))
     return CUDA_ERROR_NOT_READY;
   return CUDA_SUCCESS;
 }
@@ -275,31 +309,24 @@ CUresult psa_move(struct device *d, uint64_t chunk, enum psa_where to)
   uint32_t fresh = to == PSA_HOST ? psa_host_frame(d) : psa_frame_take(d, to);
   if (fresh == PSA_NO_FRAME)
     return CUDA_ERROR_OUT_OF_MEMORY;
-  if (!psa_movable(d, chunk)) { /* taking a frame may drop the lock */
-    psa_frame_give(d, fresh);
-    return CUDA_ERROR_NOT_READY;
-  }
-  uint32_t old = move_onto(d, chunk, fresh, NULL);
+  uint32_t old = move_onto(d, chunk, fresh, NULL); /* checks again: taking a frame may drop the lock */
   if (old == PSA_NO_FRAME)
-    return CUDA_ERROR_UNKNOWN;
+    return psa_movable(d, chunk) ? CUDA_ERROR_UNKNOWN : CUDA_ERROR_NOT_READY;
   give_after(d, old, d->chunks[chunk].copy);
   return CUDA_SUCCESS;
 }
 
 bool psa_swap_in(struct device *d, uint64_t chunk, uint64_t victim)
 {
-  if (move_checks(d, chunk) || move_checks(d, victim) || d->pager.ncopying + 2 > PSA_MAX_MIGRATIONS)
+  if (move_checks(d, chunk) || move_checks(d, victim) || d->pager.ncopying + d->pager.nmoving + 2 > PSA_MAX_MIGRATIONS)
     return false;
   uint32_t host = psa_host_frame(d);
   if (host == PSA_NO_FRAME)
     return false;
-  if (!psa_movable(d, chunk) || !psa_movable(d, victim)) { /* taking a frame may drop the lock */
-    psa_frame_give(d, host);
-    return false;
-  }
   uint32_t gpu = move_onto(d, victim, host, NULL);
   if (gpu == PSA_NO_FRAME)
     return false;
+  /* The victim's GPU frame, freed once its copy out is done, whether the chunk follows or not. */
   uint32_t old = move_onto(d, chunk, gpu, d->chunks[victim].copy);
   if (old == PSA_NO_FRAME)
     return false;
@@ -597,10 +624,18 @@ static void for_each_chunk(struct visit *v, void (*fn)(struct device *, uint64_t
   }
 }
 
-/* Drops d->lock when it makes a shared chunk private (psa_unshare). */
+/* Drops d->lock while a move remaps the chunk (it waits: the move came late) and when it
+ * makes a shared chunk private (psa_unshare). */
 static void enter_chunk(struct device *d, uint64_t chunk, struct visit *v)
 {
   struct chunk *c = &d->chunks[chunk];
+  if (c->moving) {
+    uint64_t start = psa_now_ns();
+    d->stats.late_waits++;
+    while (c->moving)
+      pthread_cond_wait(&d->pager.moved, &d->lock);
+    d->stats.late_wait_ns += psa_now_ns() - start;
+  }
   if (c->frame == psa_shared_frame(d))
     psa_unshare(d, chunk); /* it may write: its own copy first */
   if (!psa_copy_done(d, chunk, false)) {
@@ -650,25 +685,25 @@ static void exit_chunk(struct device *d, uint64_t chunk, struct visit *v)
   }
 }
 
-/* fn(d, l, period, position) for every ready device, under its lock. */
-static void each_device(void (*fn)(struct device *, const struct ps_moment *, uint64_t, uint64_t),
-                        const struct ps_moment *l, uint64_t period, uint64_t position)
+/* fn(d, l) for every ready device, under its lock. */
+static void each_device(void (*fn)(struct device *, const struct ps_moment *), const struct ps_moment *l)
 {
   for (int i = 0; i < PSA_MAX_DEVICES; i++) {
     struct device *d = &psa_devices[i];
     if (!d->ready)
       continue;
     pthread_mutex_lock(&d->lock);
-    fn(d, l, period, position);
+    fn(d, l);
     pthread_mutex_unlock(&d->lock);
   }
 }
 
-/* The launch's stream waits for every copy still in flight on the device. */
-static void wait_copies(struct device *d, const struct ps_moment *l, uint64_t period, uint64_t position)
+/* The launch's stream waits for every copy still in flight on the device, once no remap is
+ * underway (none starts any more: paging is off). */
+static void wait_copies(struct device *d, const struct ps_moment *l)
 {
-  (void)period;
-  (void)position;
+  while (d->pager.nmoving)
+    pthread_cond_wait(&d->pager.moved, &d->lock);
   for (uint32_t k = 0; k < d->pager.ncopying;) {
     uint64_t chunk = d->pager.copying[k];
     struct psa_mark *copy = d->chunks[chunk].copy;
@@ -691,7 +726,7 @@ static void stop_paging(const struct ps_moment *l, bool capturing)
     ps_log(PS_LOG_WARN, "%s: its memory accesses cannot be observed, so paging stops (placement stays as it is)",
            capturing ? "a stream is capturing a CUDA graph" : l->name ? l->name : "a CUDA graph launch");
   if (!capturing)
-    each_device(wait_copies, l, 0, 0);
+    each_device(wait_copies, l);
 }
 
 static _Thread_local bool tls_unbracketed; /* this thread's current moment is not bracketed */
@@ -756,16 +791,15 @@ static uint64_t plan_every(void)
  * brings plans back to every plan_every() launches. On the 2.68B GPT's trace replayed
  * here, that took plans from 3177 to 1098 and their time by half, moving as much. Frames
  * left behind by moves are freed as often as plans were. */
-static void poll_and_plan(struct device *d, const struct ps_moment *l, uint64_t period, uint64_t position)
+static void poll_and_plan(struct device *d, uint64_t seq, uint64_t period)
 {
-  (void)position;
   uint64_t every = plan_every();
   uint64_t start = psa_now_ns();
   psa_moves_poll(d); /* frames whose copies are done come back as room */
   d->stats.poll_ns += psa_now_ns() - start;
-  if (l->seq >= d->pager.next_plan) {
+  if (seq >= d->pager.next_plan) {
     uint64_t moves = d->stats.migrations_to_gpu + d->stats.migrations_to_host;
-    plan(d, l->seq + 1, period);
+    plan(d, seq + 1, period);
     uint64_t most = period / PSP_PHASES;
     if (most > ps_options.runahead)
       most = ps_options.runahead;
@@ -774,24 +808,100 @@ static void poll_and_plan(struct device *d, const struct ps_moment *l, uint64_t 
       d->pager.plan_gap = every;
     else
       d->pager.plan_gap = d->pager.plan_gap * 2 > most ? most : d->pager.plan_gap * 2;
-    d->pager.next_plan = l->seq + d->pager.plan_gap;
+    d->pager.next_plan = seq + d->pager.plan_gap;
   }
   d->stats.plan_ns += psa_now_ns() - start;
 }
 
-/* PSSHIM_POLICY=plan: policy/'s plan once made (plan_exec.c), auto's decisions until then. */
-static void poll_and_follow(struct device *d, const struct ps_moment *l, uint64_t period, uint64_t position)
+/* One turn of the pager, under d->lock: auto's plan, or (PSSHIM_POLICY=plan) policy/'s plan
+ * once made (plan_exec.c), auto's decisions until then. */
+static void pager_turn(struct device *d, uint64_t seq, uint64_t period, uint64_t position)
 {
+  if (ps_options.policy != PS_POLICY_PLAN) {
+    poll_and_plan(d, seq, period);
+    return;
+  }
   uint64_t start = psa_now_ns();
   psa_moves_poll(d);
   if (!psa_plan_follow(d, period, position))
-    poll_and_plan(d, l, period, position);
+    poll_and_plan(d, seq, period);
   else
     d->stats.plan_ns += psa_now_ns() - start;
 }
 
+/* The mover: plans and moves off the launching threads, which only wake it (mover_wake).
+ * Remaps serialize in the driver but do not slow another thread's launches
+ * (../shared/DESIGN.md), so a launch no longer pays for a move, unless it needs the very
+ * chunk being remapped (enter_chunk: a late wait). Its driver calls are psshim's own, and
+ * relaxed so that they never break another thread's capture. */
+static void *mover_main(void *arg)
+{
+  struct device *d = arg;
+  bool ready = !PS_CU(ps_driver.cuCtxSetCurrent(d->ctx));
+  if (ready) {
+    psa_relax(true);
+    ps_own_work(true);
+  }
+  pthread_mutex_lock(&d->mover.mutex);
+  if (!ready) {
+    d->mover.failed = true;
+    ps_log(PS_LOG_WARN, "the mover of device %d has no context: launching threads make the moves", d->ordinal);
+  }
+  while (ready) {
+    while (!d->mover.due)
+      pthread_cond_wait(&d->mover.wake, &d->mover.mutex);
+    d->mover.due = false;
+    uint64_t seq = d->mover.seq, period = d->mover.period, position = d->mover.position;
+    uint64_t launch_ns = d->mover.launch_ns;
+    pthread_mutex_unlock(&d->mover.mutex);
+    pthread_mutex_lock(&d->lock);
+    d->stats.launch_ns = launch_ns;
+    if (!atomic_load(&paging_off))
+      pager_turn(d, seq, period, position);
+    pthread_mutex_unlock(&d->lock);
+    pthread_mutex_lock(&d->mover.mutex);
+  }
+  pthread_mutex_unlock(&d->mover.mutex);
+  return NULL;
+}
+
+static _Thread_local uint64_t tls_launch_ns; /* this thread's time in the pager not yet told to a mover */
+
+/* Asks the device's mover for a turn as of this launch, starting it the first time; where
+ * it could not start, the turn is taken here. */
+static void mover_wake(struct device *d, uint64_t seq, uint64_t period, uint64_t position)
+{
+  pthread_mutex_lock(&d->mover.mutex);
+  d->mover.seq = seq;
+  d->mover.period = period;
+  d->mover.position = position;
+  d->mover.launch_ns += tls_launch_ns;
+  tls_launch_ns = 0;
+  if (!d->mover.started) {
+    d->mover.started = true;
+    if (pthread_create(&d->mover.thread, NULL, mover_main, d)) {
+      d->mover.failed = true;
+      ps_log(PS_LOG_WARN, "no mover thread for device %d: launching threads make the moves", d->ordinal);
+    }
+  }
+  bool here = d->mover.failed;
+  if (!here && !d->mover.due) {
+    d->mover.due = true;
+    pthread_cond_signal(&d->mover.wake);
+  }
+  uint64_t launch_ns = d->mover.launch_ns;
+  pthread_mutex_unlock(&d->mover.mutex);
+  if (here) {
+    pthread_mutex_lock(&d->lock);
+    d->stats.launch_ns = launch_ns;
+    pager_turn(d, seq, period, position);
+    pthread_mutex_unlock(&d->lock);
+  }
+}
+
 void psa_on_moment(const struct ps_moment *l, bool enter, uint64_t period, uint64_t position)
 {
+  uint64_t start = psa_now_ns(), held_back = 0;
   struct psa_relaxed relaxed PSA_RELAXED_SCOPE = psa_relax(psa_capture_underway());
   if (enter) {
     /* Captured work runs later, when the graph replays; a failed query counts as captured:
@@ -808,10 +918,16 @@ void psa_on_moment(const struct ps_moment *l, bool enter, uint64_t period, uint6
     for_each_chunk(&v, enter ? enter_chunk : exit_chunk);
   /* Flow control: the host stays at most PSSHIM_RUNAHEAD launches ahead of the GPU, so a
    * chunk is quiescent soon after its last use and can move before its next one. */
-  if (v.ahead)
+  if (v.ahead) {
+    uint64_t wait_start = psa_now_ns();
     hold_back(v.ahead_dev, v.ahead);
-  if (enter || ps_options.policy == PS_POLICY_STATIC || atomic_load(&paging_off))
+    held_back = psa_now_ns() - wait_start;
+  }
+  if (ps_options.policy == PS_POLICY_STATIC || atomic_load(&paging_off))
     return;
-  if (l->seq % plan_every() == 0)
-    each_device(ps_options.policy == PS_POLICY_PLAN ? poll_and_follow : poll_and_plan, l, period, position);
+  tls_launch_ns += psa_now_ns() - start - held_back;
+  if (!enter && l->seq % plan_every() == 0)
+    for (int i = 0; i < PSA_MAX_DEVICES; i++)
+      if (psa_devices[i].ready)
+        mover_wake(&psa_devices[i], l->seq, period, position);
 }

@@ -154,8 +154,8 @@ fail:
   return NULL;
 }
 
-/* Nothing in flight on it: no launch between its enter and exit, no move's copy. */
-static bool quiet(const struct chunk *c) { return !c->in_flight && !c->copy; }
+/* Nothing in flight on it: no launch between its enter and exit, no move's remap or copy. */
+static bool quiet(const struct chunk *c) { return !c->in_flight && !c->moving && !c->copy; }
 
 /* Untouched for an iteration, and quiet. */
 static bool idle(const struct device *d, const struct chunk *c, uint64_t period)

@@ -215,6 +215,9 @@ static bool setup(struct device *d, int ordinal)
   for (uint64_t i = 0; i < d->nchunks; i++)
     d->chunks[i].frame = PSA_NO_FRAME;
   d->fr.frames[psa_shared_frame(d)].where = PSA_HOST;
+  pthread_cond_init(&d->pager.moved, NULL);
+  pthread_mutex_init(&d->mover.mutex, NULL);
+  pthread_cond_init(&d->mover.wake, NULL);
   join_node(d); /* before any host frame is made, so every one is counted node-wide */
   if (PS_CU(psa_frames_init(d)))
     return false;

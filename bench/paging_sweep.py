@@ -468,13 +468,15 @@ def pager_table(sweep: dict) -> str | None:
             str(s.get("period", "-")), str(s.get("plans", "-")), str(s.get("plans_no_fetch", "-")),
             str(s.get("plans_no_victim", "-")), str(s.get("plans_belady", "-")),
             str(s.get("plans_no_gain", "-")), str(s.get("margin_frames", "-")), ms_per_step("plan_ns"),
-            ms_per_step("move_ns"), ms_per_step("remap_ns"), ms_per_step("runahead_wait_ns")])
+            ms_per_step("move_ns"), ms_per_step("remap_ns"), ms_per_step("runahead_wait_ns"),
+            str(s.get("late_waits", "-")), ms_per_step("late_wait_ns"), ms_per_step("launch_ns")])
     if not rows:
         return None
     return benchlib.format_table(
         ["ratio", "method", "moves in", "moves out", "copy waits", "host touch %", "period",
          "plans", "no fetch", "no victim", "Belady", "no gain", "margin", "plan ms/step",
-         "move ms/step", "remap ms/step", "wait ms/step"], rows)
+         "move ms/step", "remap ms/step", "wait ms/step", "late waits", "late ms/step",
+         "launch ms/step"], rows)
 
 
 def plot(sweep: dict, path: str) -> str | None:
@@ -559,10 +561,12 @@ def report(a, sweep: dict) -> int:
     if pager:
         print("\npsshim's pager (PSSHIM_STATS): moves, launches that waited for a copy, chunk "
               "touches served from host frames, the adopted period (launches), plans and why "
-              "they stopped (no gain: swaps passed over as not paying), margin (frames), and "
-              "host time per step (over all steps) that the launching threads spent planning, "
-              "moving (copies queued and remaps), remapping alone, and held back by the "
-              "run-ahead bound")
+              "they stopped (no gain: swaps passed over as not paying), margin (frames), "
+              "host time per step (over all steps) the pager spent planning, moving (copies "
+              "queued and remaps), remapping alone (on the mover thread where the build has "
+              "one), the launching threads held back by the run-ahead bound, launches that "
+              "waited for a remap and how long, and the launching threads' whole time in the "
+              "pager (run-ahead hold apart)")
         print(pager)
     return 0
 

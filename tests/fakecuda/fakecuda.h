@@ -25,6 +25,8 @@
  *   FAKECUDA_EVENT_DELAY_US  each event record completes this long after its stream reaches
  *                            it (the stream waits too: after a stream sync its events are done)
  *   FAKECUDA_KERNEL_DELAY_US each kernel sleeps this long on its stream before it runs
+ *   FAKECUDA_REMAP_DELAY_US  each cuMemMap sleeps this long first (a slow remap: the range
+ *                            stays unmapped meanwhile)
  * A malformed value makes cuInit print one line and return CUDA_ERROR_INVALID_VALUE.
  *
  * fork(): the child has none of the parent's stream worker threads, so a child may only

@@ -282,6 +282,7 @@ static CUresult mem_map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGeneri
   CUresult r = fc_check_init();
   if (r != CUDA_SUCCESS) return r;
   if (flags || size == 0 || ptr % G || size % G || offset % G) return CUDA_ERROR_INVALID_VALUE;
+  fc_sleep_us(atomic_load(&fc_cfg.remap_delay_us)); /* work queued meanwhile is caught just below */
   fc_check_unqueued(ptr, size, "cuMemMap");
   struct fc_piece *m = calloc(1, sizeof *m);
   if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
