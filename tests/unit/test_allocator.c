@@ -1144,8 +1144,8 @@ static void test_two_devices(void **state)
 
 static void put(const char *dir, const char *name, const char *text)
 {
-  char path[512];
-  snprintf(path, sizeof path, "%s/%s", dir, name);
+  char path[1024];
+  assert_true(snprintf(path, sizeof path, "%s/%s", dir, name) < (int)sizeof path);
   FILE *f = fopen(path, "w");
   assert_non_null(f);
   fputs(text, f);
