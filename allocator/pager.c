@@ -207,9 +207,11 @@ static bool remap(struct device *d, uint64_t chunk, uint32_t from, uint32_t to)
       ps_error("chunk %llu of device %d could not be remapped: its data is unreachable", (unsigned long long)chunk,
                d->ordinal);
   }
+  uint64_t driver_done = psa_now_ns();
   pthread_mutex_lock(&d->lock);
+  d->stats.relock_ns += psa_now_ns() - driver_done;
   if (ok)
-    d->stats.remap_ns += psa_now_ns() - start;
+    d->stats.remap_ns += driver_done - start;
   return ok;
 }
 
@@ -588,6 +590,16 @@ struct visit {
   struct device *ahead_dev;
 };
 
+/* Takes d->lock, counting the time a launch waited for it (the mover holds it to plan). */
+static void lock_timed(struct device *d)
+{
+  if (!pthread_mutex_trylock(&d->lock))
+    return;
+  uint64_t start = psa_now_ns();
+  pthread_mutex_lock(&d->lock);
+  d->stats.lock_wait_ns += psa_now_ns() - start;
+}
+
 static void for_each_chunk(struct visit *v, void (*fn)(struct device *, uint64_t, struct visit *))
 {
   struct device *locked = NULL;
@@ -604,7 +616,7 @@ static void for_each_chunk(struct visit *v, void (*fn)(struct device *, uint64_t
         mark_put(locked, locked == v->marked ? v->mark : NULL);
         pthread_mutex_unlock(&locked->lock);
       }
-      pthread_mutex_lock(&d->lock);
+      lock_timed(d);
       locked = d;
       last = NULL;
     }
