@@ -1,0 +1,220 @@
+/* What slows a remap made on a thread of its own (the pager's mover) inside a training run?
+ * Inside the 2.68B GPT at 3x over budget a mover's remap (cuMemUnmap + cuMemMap +
+ * cuMemSetAccess of a 4 MiB chunk between a device and a HOST_NUMA frame) took 1.8 ms of
+ * driver time against 0.25 ms on the launching thread. Here one mover thread remaps idle
+ * chunks back and forth, 400 times per case, beside:
+ *   idle       nothing else;
+ *   poll       another thread polling cuEventQuery every 20 us (the run-ahead hold);
+ *   launch     another thread bracketing work as a launch under psshim does: a small
+ *              memset on its stream, an event record behind it, a stream wait on another
+ *              event, nonstop;
+ *   pcie       copies of 4 MiB both ways between other device and host frames, kept queued
+ *              on two streams (kernels reading host frames in place load PCIe as they do);
+ *   launch+pcie both;
+ *   evict      no other thread; the mover queues a 4 MiB device-to-host copy after each
+ *              remap, as a burst of page-outs does;
+ *   evict+launch both.
+ * Prints one line per case: {"case": ..., "remaps": N, "median_us": M, "mean_us": A, "p90_us": P}.
+ * Build: tests/gpu/build_remap_stall.sh remap_beside bench/remap_beside.c */
+#include <cuda.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define CHECK(call)                                                                      \
+  do {                                                                                   \
+    CUresult r_ = (call);                                                                \
+    if (r_ != CUDA_SUCCESS) {                                                            \
+      const char *name_ = NULL;                                                          \
+      cuGetErrorName(r_, &name_);                                                        \
+      fprintf(stderr, "remap_beside: %s failed: %s\n", #call, name_ ? name_ : "?");      \
+      exit(1);                                                                           \
+    }                                                                                    \
+  } while (0)
+
+enum { CHUNK = 4 << 20, MOVED = 32, COPIERS = 8, REMAPS = 400 };
+
+static CUcontext ctx;
+static CUdevice dev;
+static CUdeviceptr base;                            /* MOVED chunks the mover remaps */
+static CUmemGenericAllocationHandle gpu[MOVED], host[MOVED];
+static CUdeviceptr copy_dev[COPIERS], copy_host[COPIERS]; /* the PCIe load's frames, mapped */
+static atomic_bool stop_others;
+
+static uint64_t now_ns(void)
+{
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+static CUmemGenericAllocationHandle make(bool on_host)
+{
+  CUmemAllocationProp p = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                           .location = {.type = on_host ? CU_MEM_LOCATION_TYPE_HOST_NUMA : CU_MEM_LOCATION_TYPE_DEVICE,
+                                        .id = on_host ? 0 : (int)dev}};
+  CUmemGenericAllocationHandle h;
+  CHECK(cuMemCreate(&h, CHUNK, &p, 0));
+  return h;
+}
+
+static void map(CUdeviceptr va, CUmemGenericAllocationHandle h)
+{
+  CUmemAccessDesc a = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = (int)dev},
+                       .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  CHECK(cuMemMap(va, CHUNK, 0, h, 0));
+  CHECK(cuMemSetAccess(va, CHUNK, &a, 1));
+}
+
+static CUdeviceptr mapped(bool on_host)
+{
+  CUdeviceptr va;
+  CHECK(cuMemAddressReserve(&va, CHUNK, CHUNK, 0, 0));
+  map(va, make(on_host));
+  return va;
+}
+
+static void *poller(void *arg)
+{
+  (void)arg;
+  CHECK(cuCtxSetCurrent(ctx));
+  CUstream s;
+  CUevent e;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CHECK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  CHECK(cuMemsetD8Async(copy_dev[0], 0, CHUNK, s));
+  CHECK(cuEventRecord(e, s));
+  const struct timespec nap = {0, 20000};
+  while (!atomic_load(&stop_others)) {
+    CUresult r = cuEventQuery(e);
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY)
+      CHECK(r);
+    nanosleep(&nap, NULL);
+  }
+  return NULL;
+}
+
+static void *launcher(void *arg)
+{
+  (void)arg;
+  CHECK(cuCtxSetCurrent(ctx));
+  CUstream s, t;
+  CUevent e[2];
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CHECK(cuStreamCreate(&t, CU_STREAM_NON_BLOCKING));
+  for (int i = 0; i < 2; i++)
+    CHECK(cuEventCreate(&e[i], CU_EVENT_DISABLE_TIMING));
+  CHECK(cuEventRecord(e[1], t));
+  for (uint64_t n = 0; !atomic_load(&stop_others); n++) {
+    CHECK(cuMemsetD8Async(copy_dev[1], (unsigned char)n, 1024, s));
+    CHECK(cuEventRecord(e[0], s));
+    CHECK(cuStreamWaitEvent(s, e[1], 0));
+    if (n % 256 == 0)
+      CHECK(cuStreamSynchronize(s)); /* a bounded queue, as the run-ahead keeps it */
+  }
+  CHECK(cuStreamSynchronize(s));
+  return NULL;
+}
+
+static void *copier(void *arg)
+{
+  (void)arg;
+  CHECK(cuCtxSetCurrent(ctx));
+  CUstream in, out;
+  CHECK(cuStreamCreate(&in, CU_STREAM_NON_BLOCKING));
+  CHECK(cuStreamCreate(&out, CU_STREAM_NON_BLOCKING));
+  for (uint64_t n = 0; !atomic_load(&stop_others); n++) {
+    int i = (int)(n % (COPIERS / 2));
+    CHECK(cuMemcpyAsync(copy_dev[i], copy_host[i], CHUNK, in));
+    CHECK(cuMemcpyAsync(copy_host[i + COPIERS / 2], copy_dev[i + COPIERS / 2], CHUNK, out));
+    if (n % 16 == 15) { /* 16 of each queued at most */
+      CHECK(cuStreamSynchronize(in));
+      CHECK(cuStreamSynchronize(out));
+    }
+  }
+  CHECK(cuStreamSynchronize(in));
+  CHECK(cuStreamSynchronize(out));
+  return NULL;
+}
+
+static int cmp(const void *a, const void *b)
+{
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* The mover: REMAPS remaps of the MOVED chunks, each onto its other frame; evict: a 4 MiB
+ * device-to-host copy queued after each, from a device frame to a host frame. */
+static void run_case(const char *name, bool poll, bool launch, bool pcie, bool evict)
+{
+  static bool on_host[MOVED];
+  static uint64_t us[REMAPS];
+  pthread_t others[3];
+  int nothers = 0;
+  atomic_store(&stop_others, false);
+  if (poll)
+    pthread_create(&others[nothers++], NULL, poller, NULL);
+  if (launch)
+    pthread_create(&others[nothers++], NULL, launcher, NULL);
+  if (pcie)
+    pthread_create(&others[nothers++], NULL, copier, NULL);
+  CUstream out;
+  CHECK(cuStreamCreate(&out, CU_STREAM_NON_BLOCKING));
+  struct timespec settle = {0, 50000000};
+  nanosleep(&settle, NULL);
+  for (int k = 0; k < REMAPS; k++) {
+    int i = k % MOVED;
+    CUdeviceptr va = base + (uint64_t)i * CHUNK;
+    uint64_t start = now_ns();
+    CHECK(cuMemUnmap(va, CHUNK));
+    on_host[i] = !on_host[i];
+    map(va, on_host[i] ? host[i] : gpu[i]);
+    us[k] = (now_ns() - start) / 1000;
+    if (evict)
+      CHECK(cuMemcpyAsync(copy_host[COPIERS - 1], copy_dev[COPIERS - 1], CHUNK, out));
+  }
+  CHECK(cuStreamSynchronize(out));
+  CHECK(cuStreamDestroy(out));
+  atomic_store(&stop_others, true);
+  for (int i = 0; i < nothers; i++)
+    pthread_join(others[i], NULL);
+  uint64_t sum = 0;
+  for (int k = 0; k < REMAPS; k++)
+    sum += us[k];
+  qsort(us, REMAPS, sizeof us[0], cmp);
+  printf("{\"case\": \"%s\", \"remaps\": %d, \"median_us\": %llu, \"mean_us\": %llu, \"p90_us\": %llu}\n", name, REMAPS,
+         (unsigned long long)us[REMAPS / 2], (unsigned long long)(sum / REMAPS),
+         (unsigned long long)us[REMAPS * 9 / 10]);
+  fflush(stdout);
+}
+
+int main(void)
+{
+  CHECK(cuInit(0));
+  CHECK(cuDeviceGet(&dev, 0));
+  CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
+  CHECK(cuCtxSetCurrent(ctx));
+  CHECK(cuMemAddressReserve(&base, (uint64_t)MOVED * CHUNK, CHUNK, 0, 0));
+  for (int i = 0; i < MOVED; i++) {
+    gpu[i] = make(false);
+    host[i] = make(true);
+    map(base + (uint64_t)i * CHUNK, gpu[i]);
+  }
+  for (int i = 0; i < COPIERS; i++) {
+    copy_dev[i] = mapped(false);
+    copy_host[i] = mapped(true);
+  }
+  run_case("idle", false, false, false, false);
+  run_case("poll", true, false, false, false);
+  run_case("launch", false, true, false, false);
+  run_case("pcie", false, false, true, false);
+  run_case("launch+pcie", false, true, true, false);
+  run_case("evict", false, false, false, true);
+  run_case("evict+launch", false, true, false, true);
+  run_case("idle again", false, false, false, false);
+  return 0;
+}
