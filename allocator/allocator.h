@@ -106,7 +106,8 @@ void psa_usage_reset_high(int ordinal, bool reserved, bool used);
  *   they waited; launch_ns: the launching threads' whole time in the pager (bracketing
  *   chunks, late waits, waking the mover; the run-ahead hold apart), with auto or plan;
  *   of it, waiting for the device's lock while the mover held it; and the mover's wait
- *   for the lock after each remap (remap_ns is the driver's time alone);
+ *   for the lock after each remap (remap_ns is the driver's time alone) and for copies in
+ *   flight to drain before a remap;
  * - sharding: the rounds held (device synchronized, chunks checksummed and compared) and
  *   the time spent in them, chunks made shared and private again, shared chunks paged in
  *   at a touch (pieces kept) and mapped back onto their pieces unchanged, shared chunks
@@ -133,7 +134,7 @@ void psa_usage_reset_high(int ordinal, bool reserved, bool used);
   X(frame_wait_ns, SUM) X(frame_make_ns, SUM) X(runahead_wait_ns, SUM)                        \
   X(runahead_timeouts, SUM) X(event_queries, SUM)                                             \
   X(late_waits, SUM) X(late_wait_ns, SUM) X(launch_ns, SUM) X(lock_wait_ns, SUM)             \
-  X(relock_ns, SUM)                                                                           \
+  X(relock_ns, SUM) X(copy_settle_ns, SUM)                                                    \
   X(share_rounds, SUM) X(share_round_ns, SUM) X(shares, SUM) X(unshares, SUM)                 \
   X(shared_pageins, SUM) X(shared_clean_leaves, SUM) X(shared_gathers, SUM)                   \
   X(gathered_bytes, SUM) X(gather_ns, SUM) X(comm_init_ns, SUM) X(shared_chunks, SUM)         \
