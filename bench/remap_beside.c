@@ -13,7 +13,11 @@
  *   launch+pcie both;
  *   evict      no other thread; the mover queues a 4 MiB device-to-host copy after each
  *              remap, as a burst of page-outs does;
- *   evict+launch both.
+ *   evict+launch both;
+ *   busy       the GPU kept busy: a queue of 256 MiB memsets (~64 of them, milliseconds of
+ *              work) kept full by another thread, as the run-ahead keeps the GPU's queue;
+ *   busy+poll  and a thread polling, every 20 us, an event recorded at that queue's end (not
+ *              yet reached: the run-ahead hold waits on such a one).
  * Prints one line per case: {"case": ..., "remaps": N, "median_us": M, "mean_us": A, "p90_us": P}.
  * Build: tests/gpu/build_remap_stall.sh remap_beside bench/remap_beside.c */
 #include <cuda.h>
@@ -44,6 +48,8 @@ static CUdeviceptr base;                            /* MOVED chunks the mover re
 static CUmemGenericAllocationHandle gpu[MOVED], host[MOVED];
 static CUdeviceptr copy_dev[COPIERS], copy_host[COPIERS]; /* the PCIe load's frames, mapped */
 static atomic_bool stop_others;
+static CUdeviceptr big;                 /* the busy queue's memset target */
+static _Atomic(CUevent) busy_tail;      /* an event at the busy queue's end */
 
 static uint64_t now_ns(void)
 {
@@ -141,6 +147,49 @@ static void *copier(void *arg)
   return NULL;
 }
 
+#define BIG (256ull << 20)
+
+static void *filler(void *arg)
+{
+  (void)arg;
+  CHECK(cuCtxSetCurrent(ctx));
+  CUstream s;
+  CUevent ring[4];
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  for (int i = 0; i < 4; i++)
+    CHECK(cuEventCreate(&ring[i], CU_EVENT_DISABLE_TIMING));
+  for (uint64_t n = 0; !atomic_load(&stop_others); n++) {
+    CHECK(cuMemsetD8Async(big, (unsigned char)n, BIG, s));
+    if (n % 16 == 15) { /* an event every 16 memsets; the queue holds at most 4 of them */
+      CUevent e = ring[(n / 16) % 4];
+      if (n >= 64)
+        CHECK(cuEventSynchronize(e));
+      CHECK(cuEventRecord(e, s));
+      atomic_store(&busy_tail, e);
+    }
+  }
+  CHECK(cuStreamSynchronize(s));
+  atomic_store(&busy_tail, NULL);
+  return NULL;
+}
+
+static void *tail_poller(void *arg)
+{
+  (void)arg;
+  CHECK(cuCtxSetCurrent(ctx));
+  const struct timespec nap = {0, 20000};
+  while (!atomic_load(&stop_others)) {
+    CUevent e = atomic_load(&busy_tail);
+    if (e) {
+      CUresult r = cuEventQuery(e);
+      if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY)
+        CHECK(r);
+    }
+    nanosleep(&nap, NULL);
+  }
+  return NULL;
+}
+
 static int cmp(const void *a, const void *b)
 {
   uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -149,13 +198,17 @@ static int cmp(const void *a, const void *b)
 
 /* The mover: REMAPS remaps of the MOVED chunks, each onto its other frame; evict: a 4 MiB
  * device-to-host copy queued after each, from a device frame to a host frame. */
-static void run_case(const char *name, bool poll, bool launch, bool pcie, bool evict)
+static void run_case(const char *name, bool poll, bool launch, bool pcie, bool evict, bool busy, bool tail_poll)
 {
   static bool on_host[MOVED];
   static uint64_t us[REMAPS];
-  pthread_t others[3];
+  pthread_t others[5];
   int nothers = 0;
   atomic_store(&stop_others, false);
+  if (busy)
+    pthread_create(&others[nothers++], NULL, filler, NULL);
+  if (tail_poll)
+    pthread_create(&others[nothers++], NULL, tail_poller, NULL);
   if (poll)
     pthread_create(&others[nothers++], NULL, poller, NULL);
   if (launch)
@@ -208,13 +261,17 @@ int main(void)
     copy_dev[i] = mapped(false);
     copy_host[i] = mapped(true);
   }
-  run_case("idle", false, false, false, false);
-  run_case("poll", true, false, false, false);
-  run_case("launch", false, true, false, false);
-  run_case("pcie", false, false, true, false);
-  run_case("launch+pcie", false, true, true, false);
-  run_case("evict", false, false, false, true);
-  run_case("evict+launch", false, true, false, true);
-  run_case("idle again", false, false, false, false);
+  CHECK(cuMemAlloc(&big, BIG));
+  run_case("idle", false, false, false, false, false, false);
+  run_case("poll", true, false, false, false, false, false);
+  run_case("launch", false, true, false, false, false, false);
+  run_case("pcie", false, false, true, false, false, false);
+  run_case("launch+pcie", false, true, true, false, false, false);
+  run_case("evict", false, false, false, true, false, false);
+  run_case("evict+launch", false, true, false, true, false, false);
+  run_case("busy", false, false, false, false, true, false);
+  run_case("busy+poll", false, false, false, false, true, true);
+  run_case("busy+launch", false, true, false, false, true, false);
+  run_case("idle again", false, false, false, false, false, false);
   return 0;
 }
