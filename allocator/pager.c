@@ -892,7 +892,7 @@ static void *mover_main(void *arg)
   }
   pthread_mutex_lock(&d->mover.mutex);
   if (!ready) {
-    d->mover.failed = true;
+    d->mover.running = false;
     ps_log(PS_LOG_WARN, "the mover of device %d has no context: launching threads make the moves", d->ordinal);
   }
   while (ready) {
@@ -915,8 +915,8 @@ static void *mover_main(void *arg)
 
 static _Thread_local uint64_t tls_launch_ns; /* this thread's time in the pager not yet told to a mover */
 
-/* Asks the device's mover for a turn as of this launch, starting it the first time; where
- * it could not start, the turn is taken here. */
+/* Asks the device's mover for a turn as of this launch, starting it the first time
+ * (PSSHIM_MOVER=1); without one the turn is taken here. */
 static void mover_wake(struct device *d, uint64_t seq, uint64_t period, uint64_t position)
 {
   pthread_mutex_lock(&d->mover.mutex);
@@ -925,14 +925,13 @@ static void mover_wake(struct device *d, uint64_t seq, uint64_t period, uint64_t
   d->mover.position = position;
   d->mover.launch_ns += tls_launch_ns;
   tls_launch_ns = 0;
-  if (!d->mover.started) {
-    d->mover.started = true;
-    if (pthread_create(&d->mover.thread, NULL, mover_main, d)) {
-      d->mover.failed = true;
+  if (!d->mover.started && ps_options.mover) {
+    d->mover.running = !pthread_create(&d->mover.thread, NULL, mover_main, d);
+    if (!d->mover.running)
       ps_log(PS_LOG_WARN, "no mover thread for device %d: launching threads make the moves", d->ordinal);
-    }
   }
-  bool here = d->mover.failed;
+  d->mover.started = true;
+  bool here = !d->mover.running;
   if (!here && !d->mover.due) {
     d->mover.due = true;
     pthread_cond_signal(&d->mover.wake);

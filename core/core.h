@@ -168,6 +168,7 @@ struct ps_options {
   unsigned sample_ms;        /* PSSHIM_SAMPLE_MS */
   unsigned runahead;         /* PSSHIM_RUNAHEAD: launches the host may enqueue ahead (auto) */
   uint64_t inplace_rate;     /* PSSHIM_INPLACE_RATE: bytes/s kernels read a host frame in place (auto) */
+  bool mover;                /* PSSHIM_MOVER=1: a thread per device plans and moves (auto, plan) */
   const char *cupti_path;    /* PSSHIM_CUPTI */
   const char *libcuda_path;  /* PSSHIM_LIBCUDA */
   const char *nccl_path;     /* PSSHIM_NCCL: the NCCL of psshim's own communicator */

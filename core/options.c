@@ -47,6 +47,9 @@ static const struct option_def option_table[] = {
    * place at 43-48 GB/s each way. */
   {"PSSHIM_INPLACE_RATE", OPT_SIZE, "a non-zero size per second (e.g. 40G)", "40G", &ps_options.inplace_rate, NULL,
    NULL},
+  /* Off: remaps made off the launching thread took 7-9x the driver time inside a training
+   * run (bench/results/mover_ab_2026-12-01_thread/). */
+  {"PSSHIM_MOVER", OPT_BOOL, "0 or 1", "0", &ps_options.mover, NULL, NULL},
   {"PSSHIM_LOG", OPT_CHOICE, "off, error, warn, info or debug", "error", &ps_options.log_level, NULL,
    log_choices},
   {"PSSHIM_STATS", OPT_PATH, "0, 1 (summary on stderr at exit) or a file path (JSON at exit)", NULL,

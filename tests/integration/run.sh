@@ -66,7 +66,7 @@ PY
   echo "out of both budgets: $line"
   ;;
 train_auto)
-  # The pager (PSSHIM_POLICY=auto) moving chunks while the loop runs, with the fake driver
+  # The pager (PSSHIM_POLICY=auto, its mover thread on) moving chunks while the loop runs, with the fake driver
   # slowing copies, events and kernels so migrations overlap launches, in-place reads made
   # dear so that moves pay whatever the test driver's cost. 30 steps: the
   # period is adopted after about 14 of them (on this loop's 24 launches).
@@ -77,7 +77,7 @@ train_auto)
     for budget in 48M 24M 8M; do
       out=$(FAKECUDA_COPY_DELAY_US=$copy_us FAKECUDA_EVENT_DELAY_US=$event_us FAKECUDA_KERNEL_DELAY_US=$kernel_us \
         FAKECUDA_REMAP_DELAY_US=$remap_us \
-        under_psshim PSSHIM_POLICY=auto PSSHIM_RUNAHEAD=4 PSSHIM_INPLACE_RATE=1M PSSHIM_CUPTI="$FAKE_CUPTI" \
+        under_psshim PSSHIM_POLICY=auto PSSHIM_MOVER=1 PSSHIM_RUNAHEAD=4 PSSHIM_INPLACE_RATE=1M PSSHIM_CUPTI="$FAKE_CUPTI" \
         PSSHIM_GPU_BUDGET=$budget PSSHIM_HOST_BUDGET=256M \
         PSSHIM_STATS="$tmp/s.json" "$prog" 30 8 4) || fail "auto, budget $budget, delays $delays: $out"
       echo "auto $budget (delays $delays): $out"
