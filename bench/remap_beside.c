@@ -17,10 +17,15 @@
  *   busy       the GPU kept busy: a queue of 256 MiB memsets (~64 of them, milliseconds of
  *              work) kept full by another thread, as the run-ahead keeps the GPU's queue;
  *   busy+poll  and a thread polling, every 20 us, an event recorded at that queue's end (not
- *              yet reached: the run-ahead hold waits on such a one).
+ *              yet reached: the run-ahead hold waits on such a one);
+ *   callback   the launch-like thread of `launch` observed through a CUPTI driver callback,
+ *              as psshim observes launches, which spends 200 us in the callback (as
+ *              psshim's run-ahead hold does inside the launch's callback): does a thread
+ *              inside a callback hold back another thread's remap?
  * Prints one line per case: {"case": ..., "remaps": N, "median_us": M, "mean_us": A, "p90_us": P}.
  * Build: tests/gpu/build_remap_stall.sh remap_beside bench/remap_beside.c */
 #include <cuda.h>
+#include <cupti.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -145,6 +150,19 @@ static void *copier(void *arg)
   CHECK(cuStreamSynchronize(in));
   CHECK(cuStreamSynchronize(out));
   return NULL;
+}
+
+static atomic_bool in_callback_sleep; /* the callback case: the observer sleeps */
+
+static void CUPTIAPI observer(void *user, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void *data)
+{
+  (void)user;
+  const CUpti_CallbackData *cb = data;
+  if (domain != CUPTI_CB_DOMAIN_DRIVER_API || cbid != CUPTI_DRIVER_TRACE_CBID_cuMemsetD8Async ||
+      cb->callbackSite != CUPTI_API_ENTER || !atomic_load(&in_callback_sleep))
+    return;
+  const struct timespec hold = {0, 200000};
+  nanosleep(&hold, NULL);
 }
 
 #define BIG (256ull << 20)
@@ -272,6 +290,16 @@ int main(void)
   run_case("busy", false, false, false, false, true, false);
   run_case("busy+poll", false, false, false, false, true, true);
   run_case("busy+launch", false, true, false, false, true, false);
+  CUpti_SubscriberHandle sub;
+  if (cuptiSubscribe(&sub, observer, NULL) != CUPTI_SUCCESS ||
+      cuptiEnableCallback(1, sub, CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuMemsetD8Async) != CUPTI_SUCCESS) {
+    fprintf(stderr, "remap_beside: CUPTI subscription failed\n");
+    return 1;
+  }
+  run_case("launch observed", false, true, false, false, false, false);
+  atomic_store(&in_callback_sleep, true);
+  run_case("callback", false, true, false, false, false, false);
+  atomic_store(&in_callback_sleep, false);
   run_case("idle again", false, false, false, false, false, false);
   return 0;
 }
