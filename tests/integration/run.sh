@@ -99,6 +99,16 @@ PY
   # Slow remaps make launches reach chunks the mover is remapping: they must have waited
   # (the test driver aborts on a launch queued onto a range being remapped).
   awk 'NR > 3 {late += $3} END {exit !(late > 0)}' "$tmp/moves" || fail "no launch met a remap: the window was not tried"
+  # Moves that fail after their remap (the test driver refuses every asynchronous copy in odd
+  # steps): each chunk goes back onto the frame that holds its data, and no value changes.
+  out=$(FAKECUDA_COPY_DELAY_US=300 FAKECUDA_EVENT_DELAY_US=200 FAKECUDA_KERNEL_DELAY_US=50 FAKECUDA_REMAP_DELAY_US=400 \
+    TRAIN_SIM_FAIL_COPIES=1 under_psshim PSSHIM_POLICY=auto PSSHIM_MOVER=1 PSSHIM_RUNAHEAD=4 PSSHIM_INPLACE_RATE=1M \
+    PSSHIM_CUPTI="$FAKE_CUPTI" PSSHIM_GPU_BUDGET=24M PSSHIM_HOST_BUDGET=256M "$prog" 30 8 4 2>"$tmp/fail.err") ||
+    fail "auto with failing copies: $out $(tail -3 "$tmp/fail.err")"
+  [ "${out%, psshim*}" = "${native%, psshim*}" ] || fail "auto with failing copies: results differ from the native run"
+  failed=$(grep -c "cuMemcpyAsync.*CUDA_ERROR_UNKNOWN" "$tmp/fail.err")
+  [ "$failed" -gt 0 ] || fail "auto with failing copies: no move's copy failed: $(head -3 "$tmp/fail.err")"
+  echo "auto 24M, copies refused in odd steps: $out ($failed move copies refused)"
   ;;
 train_plan)
   # PSSHIM_POLICY=plan: the pager records one iteration once the period is trusted, makes

@@ -7,7 +7,9 @@
  * checksums as without psshim. Prints one summary line; exits non-zero on a mismatch.
  * TRAIN_SIM_KEEP=1 keeps each step's first activation to the end (a loop whose memory
  * grows every step, as a forward pass's layers keep theirs). TRAIN_SIM_STATS=FILE writes
- * psshim_stats_json's answer there after the last free.
+ * psshim_stats_json's answer there after the last free. TRAIN_SIM_FAIL_COPIES=1 has the test
+ * driver refuse every asynchronous copy during odd steps (the loop makes none itself: the
+ * pager's moves fail), so the values must survive moves that fail halfway.
  * Usage: train_sim [steps] [layers] [MiB per layer] */
 #define SIM_NAME "train_sim"
 #include "tests/integration/sim.h"
@@ -85,9 +87,11 @@ int main(int argc, char **argv)
     }
   }
   bool keep = getenv("TRAIN_SIM_KEEP") && atoi(getenv("TRAIN_SIM_KEEP"));
+  bool fail_copies = getenv("TRAIN_SIM_FAIL_COPIES") && atoi(getenv("TRAIN_SIM_FAIL_COPIES"));
   uint64_t bad = 0, sum = 0;
   uint32_t **kept = calloc((size_t)steps, sizeof *kept);
   for (int step = 0; step < steps; step++) {
+    fakecuda_fail_async_copies(fail_copies && step % 2);
     uint32_t **act = calloc((size_t)layers, sizeof *act);
     for (int l = 0; l < layers; l++) {
       check(cudaMallocAsync((void **)&act[l], layer_bytes, s), "cudaMallocAsync");
@@ -112,6 +116,7 @@ int main(int argc, char **argv)
     }
     free(act);
     check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    fakecuda_fail_async_copies(false);
     uint64_t step_sum = 0; /* the last step's sum is the checksum printed */
     bad += check_values(param, state, layers, n, expect_p, expect_s, host, &step_sum);
     sum = step_sum;
