@@ -8,9 +8,10 @@
  *   kept on each chunk it touched, one per stream.
  * - A chunk moves only when it is quiescent: no launch in flight and every mark passed, so
  *   no enqueued work can touch its addresses. Then, at once: its addresses are remapped
- *   onto the new frame, its live ranges are copied between the two frames' fixed staging
- *   mappings on a copy stream, and its old frame waits on the deferred list until the
- *   copy is done.
+ *   onto the new frame (with d->lock dropped, the chunk marked `moving`: a launch that
+ *   reaches it meanwhile waits, everything else passes it over), its live ranges are
+ *   copied between the two frames' fixed staging mappings on a copy stream, and its old
+ *   frame waits on the deferred list until the copy is done.
  * - A launch that touches the chunk before its copy is seen complete makes its stream wait
  *   for the copy (a stream wait, not a host wait): kernels always find the data in place.
  * Decisions (which chunk, when) come from policy/ and the iteration's period, once it is
@@ -19,8 +20,9 @@
  * frames of GPU chunks used later (OPT on predicted next uses), where the uses saved
  * outweigh the moves' measured cost; with PSSHIM_POLICY=plan, once policy/'s plan for the
  * iteration is made (plan_exec.c), its moves instead. Correctness never depends on them.
- * Work psshim cannot see (graph launches, array copies, graph capture) stops paging for
- * good. */
+ * The launching threads take these turns every few launches, or with PSSHIM_MOVER=1 wake a
+ * thread per device (the mover) that takes them. Work psshim cannot see (graph launches,
+ * array copies, graph capture) stops paging for good. */
 #include "allocator/allocator_internal.h"
 #include "policy/policy.h"
 #include "tracer/tracer.h"
