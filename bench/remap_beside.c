@@ -24,7 +24,9 @@
  *              inside a callback hold back another thread's remap?
  * Prints one line per case: {"case": ..., "remaps": N, "median_us": M, "mean_us": A, "p90_us": P}.
  * Build: tests/gpu/build_remap_stall.sh remap_beside bench/remap_beside.c */
-#include <cuda.h>
+#define BENCH_NAME "remap_beside"
+#include "driver_bench.h"
+
 #include <cupti.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -34,16 +36,6 @@
 #include <string.h>
 #include <time.h>
 
-#define CHECK(call)                                                                      \
-  do {                                                                                   \
-    CUresult r_ = (call);                                                                \
-    if (r_ != CUDA_SUCCESS) {                                                            \
-      const char *name_ = NULL;                                                          \
-      cuGetErrorName(r_, &name_);                                                        \
-      fprintf(stderr, "remap_beside: %s failed: %s\n", #call, name_ ? name_ : "?");      \
-      exit(1);                                                                           \
-    }                                                                                    \
-  } while (0)
 
 enum { CHUNK = 4 << 20, MOVED = 32, COPIERS = 8, REMAPS = 400 };
 
@@ -56,38 +48,7 @@ static atomic_bool stop_others;
 static CUdeviceptr big;                 /* the busy queue's memset target */
 static _Atomic(CUevent) busy_tail;      /* an event at the busy queue's end */
 
-static uint64_t now_ns(void)
-{
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
-
-static CUmemGenericAllocationHandle make(bool on_host)
-{
-  CUmemAllocationProp p = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
-                           .location = {.type = on_host ? CU_MEM_LOCATION_TYPE_HOST_NUMA : CU_MEM_LOCATION_TYPE_DEVICE,
-                                        .id = on_host ? 0 : (int)dev}};
-  CUmemGenericAllocationHandle h;
-  CHECK(cuMemCreate(&h, CHUNK, &p, 0));
-  return h;
-}
-
-static void map(CUdeviceptr va, CUmemGenericAllocationHandle h)
-{
-  CUmemAccessDesc a = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = (int)dev},
-                       .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
-  CHECK(cuMemMap(va, CHUNK, 0, h, 0));
-  CHECK(cuMemSetAccess(va, CHUNK, &a, 1));
-}
-
-static CUdeviceptr mapped(bool on_host)
-{
-  CUdeviceptr va;
-  CHECK(cuMemAddressReserve(&va, CHUNK, CHUNK, 0, 0));
-  map(va, make(on_host));
-  return va;
-}
+static void map(CUdeviceptr va, CUmemGenericAllocationHandle h) { bench_map(dev, va, h, CHUNK); }
 
 static void *poller(void *arg)
 {
@@ -208,12 +169,6 @@ static void *tail_poller(void *arg)
   return NULL;
 }
 
-static int cmp(const void *a, const void *b)
-{
-  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-  return x < y ? -1 : x > y;
-}
-
 /* The mover: REMAPS remaps of the MOVED chunks, each onto its other frame; evict: a 4 MiB
  * device-to-host copy queued after each, from a device frame to a host frame. */
 static void run_case(const char *name, bool poll, bool launch, bool pcie, bool evict, bool busy, bool tail_poll)
@@ -240,11 +195,11 @@ static void run_case(const char *name, bool poll, bool launch, bool pcie, bool e
   for (int k = 0; k < REMAPS; k++) {
     int i = k % MOVED;
     CUdeviceptr va = base + (uint64_t)i * CHUNK;
-    uint64_t start = now_ns();
+    uint64_t start = bench_now_ns();
     CHECK(cuMemUnmap(va, CHUNK));
     on_host[i] = !on_host[i];
     map(va, on_host[i] ? host[i] : gpu[i]);
-    us[k] = (now_ns() - start) / 1000;
+    us[k] = (bench_now_ns() - start) / 1000;
     if (evict)
       CHECK(cuMemcpyAsync(copy_host[COPIERS - 1], copy_dev[COPIERS - 1], CHUNK, out));
   }
@@ -253,14 +208,7 @@ static void run_case(const char *name, bool poll, bool launch, bool pcie, bool e
   atomic_store(&stop_others, true);
   for (int i = 0; i < nothers; i++)
     pthread_join(others[i], NULL);
-  uint64_t sum = 0;
-  for (int k = 0; k < REMAPS; k++)
-    sum += us[k];
-  qsort(us, REMAPS, sizeof us[0], cmp);
-  printf("{\"case\": \"%s\", \"remaps\": %d, \"median_us\": %llu, \"mean_us\": %llu, \"p90_us\": %llu}\n", name, REMAPS,
-         (unsigned long long)us[REMAPS / 2], (unsigned long long)(sum / REMAPS),
-         (unsigned long long)us[REMAPS * 9 / 10]);
-  fflush(stdout);
+  bench_print_times(name, us, REMAPS, "");
 }
 
 int main(void)
@@ -269,15 +217,10 @@ int main(void)
   CHECK(cuDeviceGet(&dev, 0));
   CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
   CHECK(cuCtxSetCurrent(ctx));
-  CHECK(cuMemAddressReserve(&base, (uint64_t)MOVED * CHUNK, CHUNK, 0, 0));
-  for (int i = 0; i < MOVED; i++) {
-    gpu[i] = make(false);
-    host[i] = make(true);
-    map(base + (uint64_t)i * CHUNK, gpu[i]);
-  }
+  bench_chunks(dev, &base, gpu, host, MOVED, CHUNK);
   for (int i = 0; i < COPIERS; i++) {
-    copy_dev[i] = mapped(false);
-    copy_host[i] = mapped(true);
+    copy_dev[i] = bench_mapped(dev, false, CHUNK, CHUNK);
+    copy_host[i] = bench_mapped(dev, true, CHUNK, CHUNK);
   }
   CHECK(cuMemAlloc(&big, BIG));
   run_case("idle", false, false, false, false, false, false);

@@ -14,7 +14,9 @@
  *   {"frames": F, "others": N, "others_on": O, "copy_in_flight": C, "memset_mib": S, "remap_every": K, "remaps": R,
  *    "gpu_ms": G, "base_gpu_ms": B, "unmap_us": U, "map_us": M, "access_us": A}
  * Build: tests/gpu/build_remap_stall.sh remap_stall */
-#include <cuda.h>
+#define BENCH_NAME "remap_stall"
+#include "driver_bench.h"
+
 #include <cupti.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -22,16 +24,6 @@
 #include <string.h>
 #include <time.h>
 
-#define CHECK(call)                                                                      \
-  do {                                                                                   \
-    CUresult r_ = (call);                                                                \
-    if (r_ != CUDA_SUCCESS) {                                                            \
-      const char *name_ = NULL;                                                          \
-      cuGetErrorName(r_, &name_);                                                        \
-      fprintf(stderr, "remap_stall: %s failed: %s\n", #call, name_ ? name_ : "?");      \
-      exit(1);                                                                           \
-    }                                                                                    \
-  } while (0)
 
 enum { CHUNK = 16 << 20, OTHERS = 2000, HOST_OTHERS = 1024 };
 #define WORK_BYTES (3000ull << 28) /* the whole queue's memset bytes */
