@@ -434,6 +434,10 @@ static void run_loop(void *arg)
   const char *budget = budgets[rand_r(&r) % 5];
   setenv("PSSHIM_POLICY", "auto", 1);
   setenv("PSSHIM_RUNAHEAD", "16", 1); /* well under the loop's period of 40-130 launches */
+  if (seed > 5) { /* the mover thread takes the pager's turns, its remaps slow */
+    setenv("PSSHIM_MOVER", "1", 1);
+    setenv("FAKECUDA_REMAP_DELAY_US", "200", 1);
+  }
   start(budget, "512M");
   struct loop lp = {.m = PTHREAD_MUTEX_INITIALIZER, .turn_changed = PTHREAD_COND_INITIALIZER,
                     .threads = 2 + rand_r(&r) % 3, .iterations = 60, .seed = seed, .unseen_at = run->unseen_at};
@@ -450,9 +454,10 @@ static void run_loop(void *arg)
   struct psa_stats s;
   psa_stats_get(&s);
   uint64_t weights = atomic_load(&lp.weight_bytes);
-  fprintf(stderr, "loop seed %u: %d threads, %llu MiB of weights, budget %s: period %llu, to GPU %llu, to host %llu, "
+  fprintf(stderr, "loop seed %u%s: %d threads, %llu MiB of weights, budget %s: period %llu, to GPU %llu, to host %llu, "
                   "copy waits %llu, touches GPU %llu host %llu, mismatches %llu\n",
-          seed, lp.threads, (unsigned long long)(weights >> 20), budget, (unsigned long long)ps_wiring_progress().period,
+          seed, seed > 5 ? " (mover)" : "", lp.threads, (unsigned long long)(weights >> 20), budget,
+          (unsigned long long)ps_wiring_progress().period,
           (unsigned long long)s.migrations_to_gpu, (unsigned long long)s.migrations_to_host,
           (unsigned long long)s.copy_waits, (unsigned long long)s.touches_gpu, (unsigned long long)s.touches_host,
           (unsigned long long)atomic_load(&mismatches));
@@ -470,7 +475,8 @@ static void run_loop(void *arg)
   moves_seen[seed] = moves;
 }
 
-/* Random loops (threads, weights, budget) under each kind of slow driver. */
+/* Random loops (threads, weights, budget) under each kind of slow driver, the pager's turns
+ * taken by the launching threads (seeds 1-5) and by the mover (6-10). */
 static void test_training_loop_with_pager(void **state)
 {
   (void)state;
