@@ -104,7 +104,8 @@ void psa_usage_reset_high(int ordinal, bool reserved, bool used);
  * - event_queries: cuEventQuery calls the pager made to learn what has run;
  * - late waits: launches that reached a chunk while the mover remapped it, and how long
  *   they waited; launch_ns: the launching threads' whole time in the pager (bracketing
- *   chunks, late waits, waking the mover; the run-ahead hold apart), with auto or plan;
+ *   chunks, late waits, and the turns they take, or waking the mover; the run-ahead hold
+ *   apart), with auto or plan;
  *   of it, waiting for the device's lock while the mover held it; and the mover's wait
  *   for the lock after each remap (remap_ns is the driver's time alone) and for copies in
  *   flight to drain before a remap;

@@ -974,9 +974,9 @@ void psa_on_moment(const struct ps_moment *l, bool enter, uint64_t period, uint6
   }
   if (ps_options.policy == PS_POLICY_STATIC || atomic_load(&paging_off))
     return;
-  tls_launch_ns += psa_now_ns() - start - held_back;
   if (!enter && l->seq % plan_every() == 0)
     for (int i = 0; i < PSA_MAX_DEVICES; i++)
       if (psa_devices[i].ready)
         mover_wake(&psa_devices[i], l->seq, period, position);
+  tls_launch_ns += psa_now_ns() - start - held_back; /* told at this thread's next wake */
 }
