@@ -177,11 +177,11 @@ static void give_after(struct device *d, uint32_t frame, struct psa_mark *copy)
   d->pager.deferred[d->pager.ndeferred++] = (struct deferred_frame){.frame = frame, .copy = copy};
 }
 
-/* Moves whose copies are in flight or may soon be (each moving chunk adds one): the slots
- * of d->pager.copying a new move may count on. */
-static bool copy_slot_free(const struct device *d)
+/* Whether n more moves fit in d->pager.copying beside the copies in flight and those the
+ * moves underway will add (one each). */
+static bool copy_slots_free(const struct device *d, uint32_t n)
 {
-  return d->pager.ncopying + d->pager.nmoving < PSA_MAX_MIGRATIONS;
+  return d->pager.ncopying + d->pager.nmoving + n <= PSA_MAX_MIGRATIONS;
 }
 
 bool psa_movable(struct device *d, uint64_t chunk)
@@ -270,7 +270,7 @@ static uint32_t move_onto(struct device *d, uint64_t chunk, uint32_t to, struct 
   copies_settle(d);
   uint64_t waits = d->stats.relock_ns;
   uint32_t old = PSA_NO_FRAME;
-  if (!psa_movable(d, chunk) || !copy_slot_free(d)) {
+  if (!psa_movable(d, chunk) || !copy_slots_free(d, 1)) {
     give_after(d, to, after);
     mark_put(d, after);
     return PSA_NO_FRAME;
@@ -333,7 +333,7 @@ static CUresult move_checks(struct device *d, uint64_t chunk)
 {
   if (!psa_movable(d, chunk))
     return CUDA_ERROR_NOT_READY;
-  if (!copy_slot_free(d) || !ensure_copy_streams(d))
+  if (!copy_slots_free(d, 1) || !ensure_copy_streams(d))
     return CUDA_ERROR_NOT_READY;
   return CUDA_SUCCESS;
 }
@@ -357,7 +357,7 @@ CUresult psa_move(struct device *d, uint64_t chunk, enum psa_where to)
 
 bool psa_swap_in(struct device *d, uint64_t chunk, uint64_t victim)
 {
-  if (move_checks(d, chunk) || move_checks(d, victim) || d->pager.ncopying + d->pager.nmoving + 2 > PSA_MAX_MIGRATIONS)
+  if (move_checks(d, chunk) || move_checks(d, victim) || !copy_slots_free(d, 2))
     return false;
   uint32_t host = psa_host_frame(d);
   if (host == PSA_NO_FRAME)
@@ -801,8 +801,9 @@ static bool runahead_wait(CUevent e)
 
 /* Holds the host to PSSHIM_RUNAHEAD launches ahead of mark `ahead` (the visit's reference,
  * dropped here). After a wait that gave up, the host is not held back again until the
- * mark it gave up on has passed: each later mark lies behind the same stuck work. */
-static void hold_back(struct device *d, struct psa_mark *ahead)
+ * mark it gave up on has passed: each later mark lies behind the same stuck work. Returns
+ * the time it held the host. */
+static uint64_t hold_back(struct device *d, struct psa_mark *ahead)
 {
   pthread_mutex_lock(&d->lock);
   struct psa_mark *stuck = d->pager.runahead_stuck;
@@ -814,7 +815,8 @@ static void hold_back(struct device *d, struct psa_mark *ahead)
   uint64_t start = psa_now_ns();
   bool passed = !stuck && runahead_wait(ahead->event); /* without the lock: the reference keeps the event */
   pthread_mutex_lock(&d->lock);
-  d->stats.runahead_wait_ns += psa_now_ns() - start;
+  uint64_t held = psa_now_ns() - start;
+  d->stats.runahead_wait_ns += held;
   if (passed) {
     ahead->done = true;
   } else if (!stuck && !d->pager.runahead_stuck) {
@@ -824,6 +826,7 @@ static void hold_back(struct device *d, struct psa_mark *ahead)
   }
   mark_put(d, ahead);
   pthread_mutex_unlock(&d->lock);
+  return held;
 }
 
 /* Chunks become movable on the scale of the run-ahead window: planning far more often
@@ -967,11 +970,8 @@ void psa_on_moment(const struct ps_moment *l, bool enter, uint64_t period, uint6
     for_each_chunk(&v, enter ? enter_chunk : exit_chunk);
   /* Flow control: the host stays at most PSSHIM_RUNAHEAD launches ahead of the GPU, so a
    * chunk is quiescent soon after its last use and can move before its next one. */
-  if (v.ahead) {
-    uint64_t wait_start = psa_now_ns();
-    hold_back(v.ahead_dev, v.ahead);
-    held_back = psa_now_ns() - wait_start;
-  }
+  if (v.ahead)
+    held_back = hold_back(v.ahead_dev, v.ahead);
   if (ps_options.policy == PS_POLICY_STATIC || atomic_load(&paging_off))
     return;
   if (!enter && l->seq % plan_every() == 0)
