@@ -51,6 +51,20 @@ enum psa_where psa_chunk_where(int ordinal, uint64_t chunk);
  * guarantees no new kernel touches the chunk meanwhile. Only live ranges are copied. */
 CUresult psa_chunk_migrate(int ordinal, uint64_t chunk, enum psa_where to);
 
+/* Legacy CUDA IPC of psshim's memory (ipc.c): CUDA's own handles do not cover VMM memory.
+ * A handle of the allocation that starts at p (one line and INVALID_VALUE when p starts
+ * none); from then on its span's chunks never move, so that another process may map them. */
+CUresult psa_ipc_export(CUdeviceptr p, CUipcMemHandle *out);
+/* Whether a handle is one psa_ipc_export made (else it is CUDA's own: pass it through). */
+bool psa_ipc_handle_ours(const CUipcMemHandle *h);
+/* Maps the memory a handle of psshim's names, readable and writable by device `ordinal`,
+ * at *p; INVALID_VALUE after one line when the exporting process has ended, refuses it
+ * (freed since) or is not who answers, or the memory cannot be mapped here. */
+CUresult psa_ipc_open(int ordinal, const CUipcMemHandle *h, CUdeviceptr *p);
+/* Unmaps what psa_ipc_open mapped at p, after the device's queued work; NOT_SUPPORTED for
+ * any other pointer (not psshim's: pass it through). */
+CUresult psa_ipc_close(CUdeviceptr p);
+
 /* The first device set up calls ready(h, user) once, before any thread may allocate on
  * it, with the trace header that describes it: observation that starts there sees every
  * launch that can touch a chunk. Set once, before the first allocation. */

@@ -48,6 +48,8 @@ struct span {
   uint32_t nranges, cap;
   enum psa_where where; /* GPU only when every chunk has a GPU frame */
   bool building;        /* frames still being taken (the lock may drop): not listed yet */
+  bool exported;        /* a CUDA IPC handle of an allocation in it was made (ipc.c): another
+                           process may map its frames, so its chunks never move again */
   uint64_t last_alloc;  /* the device's moment clock at its latest allocation (pager.c) */
   struct span *prev, *next; /* in its device's list for `where` */
 };
@@ -116,6 +118,7 @@ struct device {
   CUdeviceptr base, staging_base;
   uint64_t nchunks, max_frames;
   bool host_numa; /* HOST_NUMA frames work; else plain HOST */
+  bool exportable; /* frames are made exportable as file descriptors (CUDA IPC, ipc.c) */
   struct chunk *chunks; /* entries: d->lock */
   /* The chunk space and the allocations in it (space.c, spans.c, alloc_map.c): d->lock. */
   struct {
@@ -207,6 +210,9 @@ CUresult psa_map(struct device *d, CUdeviceptr va, CUmemGenericAllocationHandle 
 
 /* frames.c */
 CUresult psa_frames_init(struct device *d);
+/* How a frame of `where` is made: pinned, on the device or on the host (NUMA node 0), and
+ * exportable as a file descriptor where the device allows it (d->exportable). */
+CUmemAllocationProp psa_frame_prop(const struct device *d, enum psa_where where);
 /* A free frame of `where`, made if under the limit; PSA_NO_FRAME when none can be had.
  * Drops d->lock while it makes one, or waits for one another thread makes (struct device). */
 uint32_t psa_frame_take(struct device *d, enum psa_where where);

@@ -17,7 +17,10 @@ static uint64_t *frame_limit(struct device *d, enum psa_where w)
   return w == PSA_GPU ? &d->fr.gpu_limit : &d->fr.host_limit;
 }
 
-static CUresult create(struct device *d, enum psa_where where, struct frame *f, CUdeviceptr staging)
+/* Frames are exportable where the device allows it, so that a CUDA IPC handle of an
+ * allocation (ipc.c) hands out the frames its chunks hold now, with no copy into frames
+ * made for it. */
+CUmemAllocationProp psa_frame_prop(const struct device *d, enum psa_where where)
 {
   CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED};
   if (where == PSA_GPU)
@@ -25,6 +28,14 @@ static CUresult create(struct device *d, enum psa_where where, struct frame *f, 
   else
     prop.location = (CUmemLocation){.type = d->host_numa ? CU_MEM_LOCATION_TYPE_HOST_NUMA : CU_MEM_LOCATION_TYPE_HOST,
                                     .id = 0};
+  if (d->exportable)
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return prop;
+}
+
+static CUresult create(struct device *d, enum psa_where where, struct frame *f, CUdeviceptr staging)
+{
+  CUmemAllocationProp prop = psa_frame_prop(d, where);
   CUresult r = ps_driver.cuMemCreate(&f->handle, d->chunk_size, &prop, 0);
   if (r == CUDA_ERROR_OUT_OF_MEMORY)
     return r; /* the caller says which budget ran out */
@@ -134,6 +145,9 @@ CUresult psa_frames_init(struct device *d)
                               .location = {.type = CU_MEM_LOCATION_TYPE_HOST_NUMA, .id = 0}};
   size_t gran = 0;
   d->host_numa = ps_driver.cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS;
+  int fd_handles = 0;
+  d->exportable = ps_driver.cuDeviceGetAttribute(&fd_handles, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                                                 d->dev) == CUDA_SUCCESS && fd_handles;
   d->pool.target = 4;
   pthread_cond_init(&d->pool.wake, NULL);
   pthread_cond_init(&d->fr.made_one, NULL);

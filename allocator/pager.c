@@ -188,7 +188,7 @@ bool psa_movable(struct device *d, uint64_t chunk)
 {
   struct chunk *c = &d->chunks[chunk];
   return c->frame != PSA_NO_FRAME && c->frame != psa_shared_frame(d) && !c->in_flight && !c->moving &&
-         !c->span->building && !atomic_load(&paging_off) &&
+         !c->span->building && !c->span->exported && !atomic_load(&paging_off) &&
          psa_copy_done(d, chunk, false) && users_passed(d, c, false);
 }
 

@@ -89,10 +89,9 @@ static CUdeviceptr chunk_va(const struct device *d, uint64_t chunk) { return d->
 
 static CUmemAllocationProp piece_prop(const struct device *d)
 {
-  return (CUmemAllocationProp){
-      .type = CU_MEM_ALLOCATION_TYPE_PINNED,
-      .location = {.type = d->host_numa ? CU_MEM_LOCATION_TYPE_HOST_NUMA : CU_MEM_LOCATION_TYPE_HOST, .id = 0},
-      .requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR};
+  CUmemAllocationProp prop = psa_frame_prop(d, PSA_HOST);
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR; /* pieces travel as fds whatever the frames */
+  return prop;
 }
 
 /* The device's sharing state, made at its first boundary; NULL (said once) when the chunk
@@ -173,7 +172,8 @@ static bool candidate(struct device *d, uint64_t chunk, uint64_t period)
   const struct chunk *c = &d->chunks[chunk];
   const struct rewritten *w = &d->shard->rewritten[chunk];
   return c->frame != PSA_NO_FRAME && c->frame != psa_shared_frame(d) && d->fr.frames[c->frame].where == PSA_HOST &&
-         c->span && !c->span->building && c->span->live_allocs && d->pager.clock - c->span->last_alloc >= period &&
+         c->span && !c->span->building && !c->span->exported && c->span->live_allocs &&
+         d->pager.clock - c->span->last_alloc >= period &&
          quiet(c) && !(w->span == c->span && w->last_alloc == c->span->last_alloc);
 }
 
@@ -517,7 +517,7 @@ static void leave_idle(struct device *d, uint64_t period)
 {
   for (uint64_t i = 0; i < d->nchunks && !atomic_load(&stopped); i++) {
     struct chunk *c = &d->chunks[i];
-    if (!d->shard->paged_in[i] || !idle(d, c, period))
+    if (!d->shard->paged_in[i] || !idle(d, c, period) || c->span->exported)
       continue;
     uint32_t own = c->frame;
     if (psa_shard_leave(d, i))

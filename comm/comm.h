@@ -109,6 +109,26 @@ bool psc_share_fds(int mine, int fds[]);
 /* Closes the star for good (psc_node_leave does); the peers' next exchange fails. */
 void psc_star_close(void);
 
+/* ---- legacy CUDA IPC of psshim's memory (ipc.c) ---- */
+/* A process that exported a handle answers those that open it, over an abstract unix socket
+ * named from its pid and a random token, with file descriptors; only this user's processes
+ * get in (each end checks the other's SO_PEERCRED). Waits are bounded by
+ * PSSHIM_COMM_TIMEOUT_S. Usable by any thread, with or without a node group. */
+#define PSC_IPC_QUESTION 64 /* bytes: the handle itself */
+#define PSC_IPC_ANSWER 64
+/* Answers a question: fills answer and *fds (malloc'd; the service closes and frees them)
+ * and returns their count, or -1 to refuse it. Runs on the service's thread. */
+typedef int (*psc_ipc_answer_fn)(const unsigned char question[PSC_IPC_QUESTION],
+                                 unsigned char answer[PSC_IPC_ANSWER], int **fds);
+/* This process's token (random, nonzero), the service started by the first call (later
+ * calls pass the same function); 0 after one line when it cannot start. */
+uint64_t psc_ipc_serve(psc_ipc_answer_fn answer);
+/* Asks the service of process pid (token) the question: the count of descriptors in *fds
+ * (malloc'd; the caller closes and frees them) with answer filled, or -1 after one line
+ * (the process has ended, refuses, or is not who holds the socket). */
+int psc_ipc_ask(int32_t pid, uint64_t token, const unsigned char question[PSC_IPC_QUESTION],
+                unsigned char answer[PSC_IPC_ANSWER], int **fds);
+
 /* ---- pinned host memory shared by the node's ranks ---- */
 /* Reserves bytes of the node's PSSHIM_HOST_BUDGET for this rank: false (nothing reserved)
  * if the ranks together would exceed it once the bytes of dead ranks are reclaimed. Alone,

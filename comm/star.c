@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "comm/node.h"
+#include "comm/sock.h"
 
 #define NO_SOCKET (-1)
 
@@ -49,13 +50,6 @@ bool psc_star_address(struct sockaddr_un *a, socklen_t *len) {
   return n > 0 && (size_t)n < sizeof a->sun_path - 1;
 }
 
-/* Who is at the other end of a connected unix socket, as the kernel saw it at connect() or
- * listen(): no message of theirs is needed, so a stranger cannot stall the asking end. */
-static bool peer_of(int fd, struct ucred *who) {
-  socklen_t len = sizeof *who;
-  return getsockopt(fd, SOL_SOCKET, SO_PEERCRED, who, &len) == 0 && len == sizeof *who;
-}
-
 /* True if `who` is rank r: this user, and the live process the segment lists for r. */
 static bool is_rank(const struct ucred *who, int r) {
   struct psg_member *m = &psc_state.node->group.m[r];
@@ -63,65 +57,12 @@ static bool is_rank(const struct ucred *who, int r) {
          psc_proc_alive(who->pid, atomic_load(&m->start));
 }
 
-/* Waits for fd to be ready for `events` until the deadline. */
-static bool ready(int fd, short events, double until) {
-  for (;;) {
-    double left = until - psg_now();
-    if (left <= 0) {
-      errno = ETIMEDOUT;
-      return false;
-    }
-    struct pollfd p = {.fd = fd, .events = events};
-    int r = poll(&p, 1, (int)(left * 1000) + 1);
-    if (r > 0) return true;
-    if (r < 0 && errno != EINTR) return false;
-  }
-}
-
 static double deadline(void) { return psg_now() + psc_state.ranks.timeout_s; }
 
-/* Sends or receives all len bytes; the first piece may carry descriptors (fds/nfds:
- * out for a send; in for a receive, *nfds = room, then how many came). */
+/* Sends or receives all len bytes by the timeout; the first piece may carry descriptors
+ * (psc_sock_transfer). */
 static bool transfer(int fd, void *buf, size_t len, bool send, int *fds, int *nfds) {
-  double until = deadline();
-  char ctl[CMSG_SPACE(sizeof(int) * PSG_MAX_MEMBERS)];
-  size_t done = 0;
-  while (done < len) {
-    if (!ready(fd, send ? POLLOUT : POLLIN, until)) return false;
-    struct iovec iov = {(char *)buf + done, len - done};
-    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
-    bool first = done == 0 && nfds && (send ? *nfds > 0 : true);
-    if (first) {
-      memset(ctl, 0, sizeof ctl);
-      m.msg_control = ctl;
-      m.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)(send ? *nfds : PSG_MAX_MEMBERS));
-      if (send) {
-        struct cmsghdr *c = CMSG_FIRSTHDR(&m);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)*nfds);
-        memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)*nfds);
-      }
-    }
-    ssize_t n = send ? sendmsg(fd, &m, MSG_NOSIGNAL) : recvmsg(fd, &m, MSG_CMSG_CLOEXEC);
-    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (n <= 0) {
-      if (n == 0) errno = 0; /* the peer closed: it died or gave up */
-      return false;
-    }
-    if (first && !send) {
-      int got = 0;
-      for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c))
-        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-          int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-          memcpy(fds + got, CMSG_DATA(c), sizeof(int) * (size_t)k);
-          got += k;
-        }
-      *nfds = got;
-    }
-    done += (size_t)n;
-  }
-  return true;
+  return psc_sock_transfer(fd, buf, len, send, fds, nfds, deadline());
 }
 
 static bool put(int fd, const void *buf, size_t len) { return transfer(fd, (void *)buf, len, true, NULL, NULL); }
@@ -131,7 +72,7 @@ static bool get(int fd, void *buf, size_t len) { return transfer(fd, buf, len, f
  * first time, *said). */
 static int rank_at(int c, bool *said) {
   struct ucred who;
-  if (!peer_of(c, &who)) return -1;
+  if (!psc_sock_peer(c, &who)) return -1;
   for (int r = 1; r < nranks(); r++)
     if (is_rank(&who, r)) return r;
   if (!*said)
@@ -146,7 +87,7 @@ static bool accept_peers(int listener) {
   double until = deadline();
   bool said = false;
   for (int joined = 1; joined < nranks();) {
-    if (!ready(listener, POLLIN, until)) return false;
+    if (!psc_sock_ready(listener, POLLIN, until)) return false;
     int c = accept4(listener, NULL, NULL, SOCK_CLOEXEC);
     if (c < 0) {
       if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) continue;
@@ -167,7 +108,7 @@ static bool accept_peers(int listener) {
 static void name_taken(const struct sockaddr_un *a, socklen_t len) {
   struct ucred who;
   int c = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  bool known = c >= 0 && connect(c, (const struct sockaddr *)a, len) == 0 && peer_of(c, &who);
+  bool known = c >= 0 && connect(c, (const struct sockaddr *)a, len) == 0 && psc_sock_peer(c, &who);
   if (c >= 0) close(c);
   if (known)
     psc_errorf("the ranks' socket star cannot open: its name is held by pid %d (uid %u), which is "
@@ -188,7 +129,7 @@ static bool connect_hub(const struct sockaddr_un *a, socklen_t len) {
     if (c < 0) return false;
     if (connect(c, (const struct sockaddr *)a, len) == 0) {
       struct ucred who;
-      bool known = peer_of(c, &who);
+      bool known = psc_sock_peer(c, &who);
       if (known && is_rank(&who, 0)) {
         psc_state.star[0] = c;
         return true;

@@ -80,6 +80,9 @@ void ps_log_write(int level, const char *fmt, ...) __attribute__((format(printf,
   X(cuMemFreeAsync_ptsz, CUresult, (CUdeviceptr, CUstream))                           \
   X(cuMemAllocFromPoolAsync_ptsz, CUresult, (CUdeviceptr *, size_t, CUmemoryPool, CUstream)) \
   X(cuThreadExchangeStreamCaptureMode, CUresult, (CUstreamCaptureMode *))             \
+  X(cuIpcGetMemHandle, CUresult, (CUipcMemHandle *, CUdeviceptr))                     \
+  X(cuIpcOpenMemHandle_v2, CUresult, (CUdeviceptr *, CUipcMemHandle, unsigned int))   \
+  X(cuIpcCloseMemHandle, CUresult, (CUdeviceptr))                                     \
   X(cuStreamGetCaptureInfo_v3, CUresult, (CUstream, CUstreamCaptureStatus *, cuuint64_t *, CUgraph *, \
                                           const CUgraphNode **, const CUgraphEdgeData **, size_t *))
 

@@ -20,6 +20,8 @@
 
 #undef cuGetProcAddress /* cuda.h maps it to _v2; psshim exports both */
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
+#undef cuIpcOpenMemHandle /* likewise */
+CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags);
 cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t hStream);
 cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t hStream);
 cudaError_t cudaMallocFromPoolAsync_ptsz(void **ptr, size_t size, cudaMemPool_t memPool, cudaStream_t stream);
@@ -49,6 +51,10 @@ static const struct door doors[] = {
     {"cuStreamEndCapture", (void *)cuStreamEndCapture, true},
     {"cuStreamEndCapture_ptsz", (void *)cuStreamEndCapture_ptsz, true},
     {"cuGetProcAddress", (void *)cuGetProcAddress, true},
+    {"cuIpcGetMemHandle", (void *)cuIpcGetMemHandle, true},
+    {"cuIpcOpenMemHandle_v2", (void *)cuIpcOpenMemHandle_v2, true},
+    {"cuIpcOpenMemHandle", (void *)cuIpcOpenMemHandle, true},
+    {"cuIpcCloseMemHandle", (void *)cuIpcCloseMemHandle, true},
     {"cuGetProcAddress_v2", (void *)cuGetProcAddress_v2, true},
     {"cudaMalloc", (void *)cudaMalloc, false},
     {"cudaFree", (void *)cudaFree, false},
@@ -65,6 +71,9 @@ static const struct door doors[] = {
     {"cudaStreamEndCapture_ptsz", (void *)cudaStreamEndCapture_ptsz, false},
     {"cudaMemPoolGetAttribute", (void *)cudaMemPoolGetAttribute, false},
     {"cudaMemPoolSetAttribute", (void *)cudaMemPoolSetAttribute, false},
+    {"cudaIpcGetMemHandle", (void *)cudaIpcGetMemHandle, false},
+    {"cudaIpcOpenMemHandle", (void *)cudaIpcOpenMemHandle, false},
+    {"cudaIpcCloseMemHandle", (void *)cudaIpcCloseMemHandle, false},
     {"ncclGroupStart", (void *)ncclGroupStart, false},
     {"ncclGroupEnd", (void *)ncclGroupEnd, false},
     {"ncclAllReduce", (void *)ncclAllReduce, false},

@@ -22,20 +22,21 @@ static const char *const cudart_sonames[] = {"libcudart.so.13", "libcudart.so.12
   static __typeof__(&name) real_##name; \
   if (!real_##name) real_##name = (__typeof__(&name))ps_next_symbol(#name, cudart_sonames)
 
-static cudaError_t to_runtime(CUresult r)
+cudaError_t ps_to_runtime(CUresult r)
 {
   switch (r) {
   case CUDA_SUCCESS: return cudaSuccess;
   case CUDA_ERROR_OUT_OF_MEMORY: return cudaErrorMemoryAllocation;
   case CUDA_ERROR_INVALID_VALUE: return cudaErrorInvalidValue;
   case CUDA_ERROR_NOT_INITIALIZED: return cudaErrorInitializationError;
+  case CUDA_ERROR_NOT_SUPPORTED: return cudaErrorNotSupported;
   default: return cudaErrorUnknown;
   }
 }
 
 /* Makes sure a context is current the way the runtime would (its primary context of the
  * current device), so psshim's first allocation uses the context the framework will use. */
-static bool runtime_device(int *ordinal)
+bool ps_runtime_device(int *ordinal)
 {
   if (!ps_active())
     return false;
@@ -59,11 +60,11 @@ static cudaError_t serve(void **p, size_t size, CUstream stream, bool *served)
 {
   int ordinal;
   *served = false;
-  if (!p || !runtime_device(&ordinal))
+  if (!p || !ps_runtime_device(&ordinal))
     return cudaSuccess;
   CUresult r = psa_alloc(ordinal, size, stream, (CUdeviceptr *)p);
   *served = r != CUDA_ERROR_NOT_SUPPORTED;
-  return to_runtime(r);
+  return ps_to_runtime(r);
 }
 
 PS_DEFAULT_VISIBILITY cudaError_t cudaMalloc(void **devPtr, size_t size)
@@ -79,7 +80,7 @@ PS_DEFAULT_VISIBILITY cudaError_t cudaMalloc(void **devPtr, size_t size)
 PS_DEFAULT_VISIBILITY cudaError_t cudaFree(void *devPtr)
 {
   if (psa_owns((CUdeviceptr)devPtr))
-    return to_runtime(psa_free((CUdeviceptr)devPtr, 0, true));
+    return ps_to_runtime(psa_free((CUdeviceptr)devPtr, 0, true));
   REAL(cudaFree);
   return real_cudaFree ? real_cudaFree(devPtr) : cudaErrorInitializationError;
 }
@@ -97,7 +98,7 @@ PS_DEFAULT_VISIBILITY cudaError_t cudaMallocAsync(void **devPtr, size_t size, cu
 PS_DEFAULT_VISIBILITY cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t hStream)
 {
   if (psa_owns((CUdeviceptr)devPtr))
-    return to_runtime(psa_free((CUdeviceptr)devPtr, (CUstream)hStream, false));
+    return ps_to_runtime(psa_free((CUdeviceptr)devPtr, (CUstream)hStream, false));
   REAL(cudaFreeAsync);
   return real_cudaFreeAsync ? real_cudaFreeAsync(devPtr, hStream) : cudaErrorInitializationError;
 }
@@ -106,7 +107,7 @@ PS_DEFAULT_VISIBILITY cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t hStre
 static bool runtime_pool_is_current(cudaMemPool_t pool)
 {
   int ordinal;
-  return runtime_device(&ordinal) && ps_pool_is_current((CUmemoryPool)pool);
+  return ps_runtime_device(&ordinal) && ps_pool_is_current((CUmemoryPool)pool);
 }
 
 PS_DEFAULT_VISIBILITY cudaError_t cudaMallocFromPoolAsync(void **ptr, size_t size, cudaMemPool_t memPool,
@@ -166,7 +167,7 @@ PS_DEFAULT_VISIBILITY cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t siz
 PS_DEFAULT_VISIBILITY cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t hStream)
 {
   if (psa_owns((CUdeviceptr)devPtr))
-    return to_runtime(psa_free((CUdeviceptr)devPtr, (CUstream)per_thread(hStream), false));
+    return ps_to_runtime(psa_free((CUdeviceptr)devPtr, (CUstream)per_thread(hStream), false));
   REAL(cudaFreeAsync_ptsz);
   return real_cudaFreeAsync_ptsz ? real_cudaFreeAsync_ptsz(devPtr, hStream) : cudaErrorInitializationError;
 }
@@ -187,7 +188,7 @@ PS_DEFAULT_VISIBILITY cudaError_t cudaMallocFromPoolAsync_ptsz(void **ptr, size_
 PS_DEFAULT_VISIBILITY cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes)
 {
   int ordinal;
-  if (free_bytes && total_bytes && runtime_device(&ordinal)) {
+  if (free_bytes && total_bytes && ps_runtime_device(&ordinal)) {
     psa_mem_info(ordinal, free_bytes, total_bytes);
     if (*total_bytes)
       return cudaSuccess;

@@ -11,6 +11,8 @@
 #include "allocator/allocator.h"
 #include "core/core.h"
 
+#include <cuda_runtime_api.h>
+
 /* wiring.c: registered at start (observation starts with the first device set up); the
  * progress it saw, for the statistics; its end at exit (no CUPTI calls). */
 void ps_wiring_init(void);
@@ -35,6 +37,11 @@ bool ps_pool_is_current(CUmemoryPool pool);
 
 /* The device of the calling thread's current context; false when there is none. */
 bool ps_current_device(int *ordinal);
+/* The runtime's error for a driver result (runtime_doors.c). */
+cudaError_t ps_to_runtime(CUresult r);
+/* A context current the way the runtime makes one (its primary context of the current
+ * device), and its device; false when psshim does not serve (runtime_doors.c). */
+bool ps_runtime_device(int *ordinal);
 
 /* The per-thread-default-stream forms of the driver doors (cuda.h declares them only
  * under CUDA_API_PER_THREAD_DEFAULT_STREAM): stream 0 means the thread's own stream. */

@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "cudart_errors.h"
 
@@ -220,6 +221,26 @@ RT_EXPORT cudaError_t cudaMallocFromPoolAsync(void **ptr, size_t size, cudaMemPo
 RT_EXPORT cudaError_t cudaMemGetInfo(size_t *free, size_t *total) {
   ENSURE();
   return ret_cu(cuMemGetInfo_v2(free, total));
+}
+
+/* Legacy IPC: the driver's (tests/fakecuda/ipc.c says what it honours). */
+RT_EXPORT cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *devPtr) {
+  ENSURE();
+  return ret_cu(cuIpcGetMemHandle((CUipcMemHandle *)handle, DPTR(devPtr)));
+}
+RT_EXPORT cudaError_t cudaIpcOpenMemHandle(void **devPtr, cudaIpcMemHandle_t handle, unsigned int flags) {
+  CUdeviceptr p;
+  CUipcMemHandle h;
+  if (!devPtr) return ret(cudaErrorInvalidValue);
+  ENSURE();
+  memcpy(&h, &handle, sizeof h);
+  CUresult r = cuIpcOpenMemHandle_v2(&p, h, flags);
+  if (r == CUDA_SUCCESS) *devPtr = (void *)(uintptr_t)p;
+  return ret_cu(r);
+}
+RT_EXPORT cudaError_t cudaIpcCloseMemHandle(void *devPtr) {
+  ENSURE();
+  return ret_cu(cuIpcCloseMemHandle(DPTR(devPtr)));
 }
 
 /* Unified addressing: the driver's generic copy serves every kind. */

@@ -56,6 +56,7 @@ CUresult fc_cuEventDestroy_v1(CUevent) __asm__("cuEventDestroy");
 CUresult fc_cuCtxPushCurrent_v1(CUcontext) __asm__("cuCtxPushCurrent");
 CUresult fc_cuCtxPopCurrent_v1(CUcontext *) __asm__("cuCtxPopCurrent");
 CUresult fc_cuDevicePrimaryCtxRelease_v1(CUdevice) __asm__("cuDevicePrimaryCtxRelease");
+CUresult fc_cuIpcOpenMemHandle_v1(CUdeviceptr *, CUipcMemHandle, unsigned int) __asm__("cuIpcOpenMemHandle");
 
 /* ---- configuration and init (init.c) ---- */
 struct fc_config {

@@ -173,6 +173,23 @@ doors)
   PSSHIM_GPU_BUDGET=64M PSSHIM_HOST_BUDGET=64M EXPECT_TOTAL_BYTES=$((128 << 20)) under_psshim "$prog" \
     || fail "doors"
   ;;
+ipc)
+  # Legacy CUDA IPC of psshim's memory between a parent and a child it spawns, both under
+  # psshim, while the parent's pager moves chunks (tests/integration/ipc_sim.c says what is
+  # checked). Four handles fail on purpose, each with one line: a pointer inside an
+  # allocation, another token (no such process serves), a base never exported, and a child
+  # with PSSHIM_DISABLE=1.
+  FAKECUDA_DEVICE_COUNT=2 under_psshim PSSHIM_POLICY=auto PSSHIM_CUPTI="$FAKE_CUPTI" PSSHIM_RUNAHEAD=4 \
+    PSSHIM_INPLACE_RATE=1M PSSHIM_GPU_BUDGET=8M PSSHIM_HOST_BUDGET=256M "$prog" 40 >"$tmp/out" 2>"$tmp/err"
+  status=$?
+  cat "$tmp/out"
+  [ $status = 0 ] || fail "ipc_sim exited $status: $(cat "$tmp/err")"
+  for want in "is not the start of an allocation psshim serves" "has ended or serves no handles" \
+    "exports no such memory now" "psshim does not serve this process"; do
+    [ "$(grep -c "^psshim: .*$want" "$tmp/err")" = 1 ] || fail "not one line saying '$want': $(cat "$tmp/err")"
+  done
+  [ "$(grep -c . "$tmp/err")" = 4 ] || fail "other output on stderr: $(cat "$tmp/err")"
+  ;;
 cupti_guest)
   # The program's own CUPTI subscriber (tests/integration/cupti_guest.c checks what it
   # sees): under auto it shares psshim's subscription, and psshim still sees every launch,
