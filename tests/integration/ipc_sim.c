@@ -205,17 +205,6 @@ static int reap(struct kid *k)
 
 static CUfunction forward_kernel, update_kernel;
 
-/* act[i] = param[i] * 3 + step */
-static void forward_fn(void **args, void *user)
-{
-  (void)user;
-  const uint32_t *param = *(uint32_t **)args[0];
-  uint32_t *act = *(uint32_t **)args[1];
-  uint64_t n = *(uint64_t *)args[2], step = *(uint64_t *)args[3];
-  for (uint64_t i = 0; i < n; i++)
-    act[i] = param[i] * 3u + (uint32_t)step;
-}
-
 /* param[i] += act[i] & 0xff */
 static void update_fn(void **args, void *user)
 {
@@ -279,8 +268,8 @@ int main(int argc, char **argv)
   CHECK("psshim is preloaded", owns != NULL);
   if (!owns)
     return 1;
-  size_t fwd_sizes[] = {8, 8, 8, 8}, upd_sizes[] = {8, 8, 8};
-  forward_kernel = fakecuda_register_kernel("forward", forward_fn, NULL, 4, fwd_sizes);
+  size_t upd_sizes[] = {8, 8, 8};
+  forward_kernel = sim_forward_kernel();
   update_kernel = fakecuda_register_kernel("update", update_fn, NULL, 3, upd_sizes);
   cudaStream_t s;
   check(cudaStreamCreate(&s), "cudaStreamCreate");

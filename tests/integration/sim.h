@@ -6,6 +6,7 @@
 #include "tests/fakecuda/fakecuda.h"
 
 #include <cuda_runtime_api.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -23,6 +24,24 @@ static inline void launch(CUfunction f, void **params, cudaStream_t s)
     fprintf(stderr, SIM_NAME ": launch failed\n");
     exit(2);
   }
+}
+
+/* The training loops' forward kernel: act[i] = param[i] * 3 + step, with parameters
+ * (param, act, n, step), each 8 bytes. */
+static void sim_forward_fn(void **args, void *user)
+{
+  (void)user;
+  const uint32_t *param = *(uint32_t **)args[0];
+  uint32_t *act = *(uint32_t **)args[1];
+  uint64_t n = *(uint64_t *)args[2], step = *(uint64_t *)args[3];
+  for (uint64_t i = 0; i < n; i++)
+    act[i] = param[i] * 3u + (uint32_t)step;
+}
+
+static inline CUfunction sim_forward_kernel(void)
+{
+  static const size_t sizes[] = {8, 8, 8, 8};
+  return fakecuda_register_kernel("forward", sim_forward_fn, NULL, 4, sizes);
 }
 
 #endif

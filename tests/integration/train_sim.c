@@ -21,17 +21,6 @@
 
 static CUfunction forward_kernel, update_kernel;
 
-/* act[i] = param[i] * 3 + step */
-static void forward_fn(void **args, void *user)
-{
-  (void)user;
-  const uint32_t *param = *(uint32_t **)args[0];
-  uint32_t *act = *(uint32_t **)args[1];
-  uint64_t n = *(uint64_t *)args[2], step = *(uint64_t *)args[3];
-  for (uint64_t i = 0; i < n; i++)
-    act[i] = param[i] * 3u + (uint32_t)step;
-}
-
 /* param[i] += act[i] & 0xff ; state[i] ^= param[i] */
 static void update_fn(void **args, void *user)
 {
@@ -66,8 +55,8 @@ int main(int argc, char **argv)
 {
   int steps = argc > 1 ? atoi(argv[1]) : 6, layers = argc > 2 ? atoi(argv[2]) : 8;
   uint64_t layer_bytes = (argc > 3 ? strtoull(argv[3], NULL, 10) : 3) << 20, n = layer_bytes / 4;
-  size_t fwd_sizes[] = {8, 8, 8, 8}, upd_sizes[] = {8, 8, 8, 8};
-  forward_kernel = fakecuda_register_kernel("forward", forward_fn, NULL, 4, fwd_sizes);
+  size_t upd_sizes[] = {8, 8, 8, 8};
+  forward_kernel = sim_forward_kernel();
   update_kernel = fakecuda_register_kernel("update", update_fn, NULL, 4, upd_sizes);
   cudaStream_t s;
   check(cudaStreamCreate(&s), "cudaStreamCreate");
