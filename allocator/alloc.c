@@ -3,7 +3,16 @@
 #include "tracer/tracer.h"
 
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <string.h>
+
+static _Atomic uint64_t live_all, allocs_all; /* psa_live_now's */
+
+void psa_live_now(uint64_t *live_bytes, uint64_t *allocs)
+{
+  *live_bytes = atomic_load_explicit(&live_all, memory_order_relaxed);
+  *allocs = atomic_load_explicit(&allocs_all, memory_order_relaxed);
+}
 
 static struct device *device_of(CUdeviceptr p)
 {
@@ -101,6 +110,8 @@ CUresult psa_alloc(int ordinal, size_t size, CUstream stream, CUdeviceptr *p)
   psa_digest_alloc(d, asize);
   d->stats.allocs++;
   d->stats.live_bytes += asize;
+  atomic_fetch_add_explicit(&live_all, asize, memory_order_relaxed);
+  atomic_fetch_add_explicit(&allocs_all, 1, memory_order_relaxed);
   if (d->stats.live_bytes > d->stats.peak_live_bytes) {
     d->stats.peak_live_bytes = d->stats.live_bytes;
     d->stats.mapped_at_peak = d->stats.mapped_chunk_bytes;
@@ -177,6 +188,7 @@ CUresult psa_free(CUdeviceptr p, CUstream stream, bool sync)
       psa_shard_drop(d, i); /* its bytes are dead: the node's copy is let go */
   d->stats.frees++;
   d->stats.live_bytes -= size;
+  atomic_fetch_sub_explicit(&live_all, size, memory_order_relaxed);
   pthread_mutex_unlock(&d->lock);
   if (pst_trace_enabled()) {
     struct pst_record r = {.type = PST_REC_FREE, .free = {.addr = p, .stream = (uint64_t)(uintptr_t)stream}};

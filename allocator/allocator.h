@@ -165,13 +165,16 @@ struct psa_stats {
 };
 /* Sums over devices. */
 void psa_stats_get(struct psa_stats *s);
+/* Bytes live and allocations made so far, over devices, without their locks: cheap enough
+ * for every launch (observation keeps them per launch to judge a period at once). */
+void psa_live_now(uint64_t *live_bytes, uint64_t *allocs);
 /* Whether this process set up any device: a launcher that never used the GPU (timeout,
  * torchrun) has no statistics to give. */
 bool psa_any_device(void);
 /* What observation found, for the statistics: moments observed, iteration boundaries
- * passed, and the period adopted (0: none yet). */
+ * passed, the period adopted (0: none yet) and the launch at which it was. */
 struct psa_progress {
-  uint64_t launches, iterations, period;
+  uint64_t launches, iterations, period, adopted_at;
 };
 /* PSSHIM_STATS output: text (json=false) or one JSON object. */
 void psa_stats_write(FILE *f, bool json, const struct psa_progress *p);

@@ -46,10 +46,10 @@ void psa_stats_write(FILE *f, bool json, const struct psa_progress *p)
 #undef JSON_FIELD
     fprintf(f,
             "\"peak_gpu_bytes\": %llu, \"peak_host_bytes\": %llu, \"chunk_fill_pct\": %.1f, \"launches\": %llu, "
-            "\"iterations\": %llu, \"period\": %llu}\n",
+            "\"iterations\": %llu, \"period\": %llu, \"period_adopted_at\": %llu}\n",
             (unsigned long long)(s.peak_gpu_frames * s.chunk_size),
             (unsigned long long)(s.peak_host_frames * s.chunk_size), fill, (unsigned long long)launches,
-            (unsigned long long)iterations, (unsigned long long)p->period);
+            (unsigned long long)iterations, (unsigned long long)p->period, (unsigned long long)p->adopted_at);
     return;
   }
   fprintf(f, "psshim: allocations %llu, frees %llu, failed %llu; live %.1f MiB, peak %.1f MiB\n",
