@@ -10,7 +10,7 @@
  * another base) fail with cudaErrorInvalidValue, not a crash; a child with PSSHIM_DISABLE=1
  * fails likewise; the driver's doors (dlsym'd cuIpcOpenMemHandle_v2, cuIpcCloseMemHandle)
  * open the handle too. Each check prints its name; any failure exits non-zero.
- * Usage: ipc_sim [steps]  (the child: ipc_sim child HANDLE PLAIN_HANDLE) */
+ * Usage: ipc_sim [steps]  (the child: ipc_sim child HANDLE PLAIN_HANDLE COLD_HANDLE) */
 #define SIM_NAME "ipc_sim"
 #include "tests/integration/check.h"
 #include "tests/integration/sim.h"
@@ -30,20 +30,21 @@ extern char **environ;
 #define LAYERS 6
 #define LAYER_BYTES (2u << 20)
 #define SHARED_BYTES (5u << 20) /* three 2 MiB chunks, from offset 1 KiB of the first */
+#define COLD_BYTES (1u << 20)   /* allocated past the GPU budget: on a host frame */
 
 /* The values each side writes into the shared buffer, by phase. */
 static uint32_t pattern(char phase, uint64_t i) { return (uint32_t)(i * 2654435761u) ^ (uint32_t)phase << 24; }
 
-static void fill(uint32_t *host, char phase)
+static void fill(uint32_t *host, char phase, uint64_t bytes)
 {
-  for (uint64_t i = 0; i < SHARED_BYTES / 4; i++)
+  for (uint64_t i = 0; i < bytes / 4; i++)
     host[i] = pattern(phase, i);
 }
 
-static uint64_t mismatches(const uint32_t *host, char phase)
+static uint64_t mismatches(const uint32_t *host, char phase, uint64_t bytes)
 {
   uint64_t bad = 0;
-  for (uint64_t i = 0; i < SHARED_BYTES / 4; i++)
+  for (uint64_t i = 0; i < bytes / 4; i++)
     bad += host[i] != pattern(phase, i);
   return bad;
 }
@@ -75,10 +76,11 @@ static void say(const char *line)
   fflush(stdout);
 }
 
-static int child(const char *hex, const char *plain_hex)
+static int child(const char *hex, const char *plain_hex, const char *cold_hex)
 {
-  cudaIpcMemHandle_t h, plain;
-  if (!from_hex(hex, &h, sizeof h) || !from_hex(plain_hex, &plain, sizeof plain)) {
+  cudaIpcMemHandle_t h, plain, cold;
+  if (!from_hex(hex, &h, sizeof h) || !from_hex(plain_hex, &plain, sizeof plain) ||
+      !from_hex(cold_hex, &cold, sizeof cold)) {
     fprintf(stderr, "ipc_sim child: bad handle argument\n");
     return 2;
   }
@@ -87,19 +89,19 @@ static int child(const char *hex, const char *plain_hex)
   bool ok = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess) == cudaSuccess && p;
   if (ok) {
     check(cudaMemcpy(host, p, SHARED_BYTES, cudaMemcpyDeviceToHost), "cudaMemcpy");
-    ok = mismatches(host, 'A') == 0;
+    ok = mismatches(host, 'A', SHARED_BYTES) == 0;
   }
   say(ok ? "opened" : "open failed");
   char cmd[64];
   while (ok && fgets(cmd, sizeof cmd, stdin)) {
     if (strcmp(cmd, "write\n") == 0) {
-      fill(host, 'B');
+      fill(host, 'B', SHARED_BYTES);
       check(cudaMemcpy(p, host, SHARED_BYTES, cudaMemcpyHostToDevice), "cudaMemcpy");
       check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
       say("written");
     } else if (strcmp(cmd, "check\n") == 0) {
       check(cudaMemcpy(host, p, SHARED_BYTES, cudaMemcpyDeviceToHost), "cudaMemcpy");
-      say(mismatches(host, 'C') == 0 ? "C seen" : "C not seen");
+      say(mismatches(host, 'C', SHARED_BYTES) == 0 ? "C seen" : "C not seen");
     } else if (strcmp(cmd, "driver\n") == 0) {
       /* The driver's doors, reached as a program that never links libcuda reaches them. */
       void *cuda = dlopen("libcuda.so.1", RTLD_NOW);
@@ -127,6 +129,16 @@ static int child(const char *hex, const char *plain_hex)
        * plain memory, and says so with its own error). */
       bool passed = cudaIpcOpenMemHandle(&q, plain, cudaIpcMemLazyEnablePeerAccess) == cudaErrorNotSupported;
       say(refused && passed ? "strangers refused" : "strangers not refused");
+    } else if (strcmp(cmd, "host\n") == 0) {
+      /* Memory on a host frame of the parent's: opened, read, written, closed. */
+      void *q = NULL;
+      bool seen = cudaIpcOpenMemHandle(&q, cold, cudaIpcMemLazyEnablePeerAccess) == cudaSuccess &&
+                  cudaMemcpy(host, q, COLD_BYTES, cudaMemcpyDeviceToHost) == cudaSuccess &&
+                  mismatches(host, 'H', COLD_BYTES) == 0;
+      fill(host, 'I', COLD_BYTES);
+      seen = seen && cudaMemcpy(q, host, COLD_BYTES, cudaMemcpyHostToDevice) == cudaSuccess &&
+             cudaIpcCloseMemHandle(q) == cudaSuccess;
+      say(seen ? "host ok" : "host failed");
     } else if (strcmp(cmd, "close\n") == 0) {
       bool closed = cudaIpcCloseMemHandle(p) == cudaSuccess;
       /* Closed once: psshim no longer knows the pointer, so the driver's call answers. */
@@ -148,7 +160,7 @@ struct kid {
 
 /* Starts this program as a child with pipes on its stdin and stdout; extra_env, if not NULL,
  * is added to the environment. */
-static bool spawn(struct kid *k, const char *hex, const char *plain_hex, const char *extra_env)
+static bool spawn(struct kid *k, char *const handles[3], const char *extra_env)
 {
   int in[2], out[2];
   if (pipe(in) || pipe(out))
@@ -166,7 +178,7 @@ static bool spawn(struct kid *k, const char *hex, const char *plain_hex, const c
   memcpy(env, environ, n * sizeof *env);
   env[n] = "IPC_SIM_CHILD=1";
   env[n + 1] = (char *)extra_env;
-  char *argv[] = {"ipc_sim", "child", (char *)hex, (char *)plain_hex, NULL};
+  char *argv[] = {"ipc_sim", "child", handles[0], handles[1], handles[2], NULL};
   fflush(stdout);
   int e = posix_spawn(&k->pid, "/proc/self/exe", &fa, NULL, argv, env);
   posix_spawn_file_actions_destroy(&fa);
@@ -256,8 +268,8 @@ static uint64_t stat_of(const char *name)
 
 int main(int argc, char **argv)
 {
-  if (argc == 4 && strcmp(argv[1], "child") == 0)
-    return child(argv[2], argv[3]);
+  if (argc == 5 && strcmp(argv[1], "child") == 0)
+    return child(argv[2], argv[3], argv[4]);
   if (getenv("IPC_SIM_CHILD")) { /* a child never starts children */
     fprintf(stderr, "ipc_sim: a child was started without its arguments\n");
     return 2;
@@ -281,7 +293,7 @@ int main(int argc, char **argv)
   check(cudaMalloc(&shared, SHARED_BYTES), "cudaMalloc");
   CHECK("the shared buffer is psshim's", owns(shared) && owns(pad));
   uint32_t *host = malloc(SHARED_BYTES), *expect = malloc((size_t)LAYERS * LAYER_BYTES);
-  fill(host, 'A');
+  fill(host, 'A', SHARED_BYTES);
   check(cudaMemcpy(shared, host, SHARED_BYTES, cudaMemcpyHostToDevice), "cudaMemcpy");
   uint32_t *param[LAYERS];
   for (int l = 0; l < LAYERS; l++) {
@@ -292,7 +304,16 @@ int main(int argc, char **argv)
           "cudaMemcpy");
   }
 
-  cudaIpcMemHandle_t h, plain_h;
+  /* Past the GPU budget (8M: the buffer's three chunks and one layer's), so on a host frame. */
+  void *cold = NULL;
+  uint64_t gpu_frames = stat_of("gpu_frames"), host_frames = stat_of("host_frames");
+  check(cudaMalloc(&cold, COLD_BYTES), "cudaMalloc");
+  CHECK("a buffer past the GPU budget takes a host frame",
+        stat_of("gpu_frames") == gpu_frames && stat_of("host_frames") == host_frames + 1);
+  fill(host, 'H', COLD_BYTES);
+  check(cudaMemcpy(cold, host, COLD_BYTES, cudaMemcpyHostToDevice), "cudaMemcpy");
+  cudaIpcMemHandle_t h, plain_h, cold_h;
+  CHECK("cudaIpcGetMemHandle of psshim's memory on a host frame", cudaIpcGetMemHandle(&cold_h, cold) == cudaSuccess);
   CHECK("cudaIpcGetMemHandle of psshim's memory", cudaIpcGetMemHandle(&h, shared) == cudaSuccess);
   CHECK("... not of a pointer inside it", cudaIpcGetMemHandle(&plain_h, (char *)shared + 512) == cudaErrorInvalidValue);
   /* Memory psshim does not serve: device 1's pool, not the current one. */
@@ -304,30 +325,34 @@ int main(int argc, char **argv)
   CHECK("a handle of memory psshim does not serve comes from the driver",
         !owns(plain) && cudaIpcGetMemHandle(&plain_h, plain) == cudaSuccess &&
             memcmp(plain_h.reserved, "fakecuda-ipc", 12) == 0);
-  char hex[2 * sizeof h + 1], plain_hex[2 * sizeof h + 1];
-  to_hex(&h, sizeof h, hex);
-  to_hex(&plain_h, sizeof plain_h, plain_hex);
+  char hex[3][2 * sizeof h + 1], *handles[3] = {hex[0], hex[1], hex[2]};
+  to_hex(&h, sizeof h, hex[0]);
+  to_hex(&plain_h, sizeof plain_h, hex[1]);
+  to_hex(&cold_h, sizeof cold_h, hex[2]);
 
   struct kid k;
-  CHECK("the child starts", spawn(&k, hex, plain_hex, NULL));
+  CHECK("the child starts", spawn(&k, handles, NULL));
   CHECK("the child opened the handle and saw the parent's values", ask(&k, NULL, "opened"));
   train(param, expect, 0, steps / 2, s);
   uint64_t moved_before = stat_of("migrations_to_host") + stat_of("migrations_to_gpu");
   CHECK("the child wrote while the parent paged", ask(&k, "write", "written"));
   train(param, expect, steps / 2, steps, s);
   check(cudaMemcpy(host, shared, SHARED_BYTES, cudaMemcpyDeviceToHost), "cudaMemcpy");
-  CHECK("the parent sees the child's writes", mismatches(host, 'B') == 0);
-  fill(host, 'C');
+  CHECK("the parent sees the child's writes", mismatches(host, 'B', SHARED_BYTES) == 0);
+  fill(host, 'C', SHARED_BYTES);
   check(cudaMemcpy(shared, host, SHARED_BYTES, cudaMemcpyHostToDevice), "cudaMemcpy");
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   CHECK("the child sees the parent's later writes", ask(&k, "check", "C seen"));
   CHECK("the driver's doors open and close it too", ask(&k, "driver", "driver doors ok"));
   CHECK("handles that name nothing are refused, others pass through", ask(&k, "strangers", "strangers refused"));
+  CHECK("the child opens, reads and writes memory on a host frame", ask(&k, "host", "host ok"));
+  check(cudaMemcpy(host, cold, COLD_BYTES, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  CHECK("... and the parent sees its writes there", mismatches(host, 'I', COLD_BYTES) == 0);
   CHECK("the child closes it", ask(&k, "close", "closed"));
   CHECK("the child exits 0", reap(&k) == 0);
 
   struct kid off;
-  CHECK("a child with PSSHIM_DISABLE=1 starts", spawn(&off, hex, plain_hex, "PSSHIM_DISABLE=1"));
+  CHECK("a child with PSSHIM_DISABLE=1 starts", spawn(&off, handles, "PSSHIM_DISABLE=1"));
   CHECK("... and cannot open psshim's handle", ask(&off, NULL, "open failed") && reap(&off) == 1);
 
   uint64_t bad = 0, n = LAYER_BYTES / 4;
