@@ -253,6 +253,8 @@ CUresult psa_ipc_open(int ordinal, const CUipcMemHandle *handle, CUdeviceptr *p)
 CUresult psa_ipc_close(CUdeviceptr p)
 {
   struct import *im = NULL;
+  if (ps_in_forked_child()) /* CUDA's rule: nothing here is usable (and the lock may be held) */
+    return CUDA_ERROR_NOT_SUPPORTED;
   pthread_mutex_lock(&imports_lock);
   for (struct import **at = &imports; *at; at = &(*at)->next)
     if ((*at)->ptr == p) {

@@ -15,7 +15,7 @@
  * psc_set_error_sink says otherwise) and returns false. Every wait is bounded by
  * PSSHIM_COMM_TIMEOUT_S (seconds, default 120) and ends early when a peer's process is
  * gone. One thread at a time drives comm (the allocator's lock), except the host accounting
- * calls, which any thread may make. */
+ * calls and legacy CUDA IPC, which any thread may make. */
 #ifndef PSSHIM_COMM_H
 #define PSSHIM_COMM_H
 
