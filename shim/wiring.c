@@ -17,7 +17,7 @@
 
 #define MAX_PERIOD 65536     /* launches per iteration that can be recognised */
 #define PERIOD_ASK_MAX 4096 /* launches between period queries (each costs up to ms) */
-#define PERIOD_ASK_NS 250000000ull /* or this long, once 64 launches came: slow steps */
+#define PERIOD_ASK_UNTRUSTED 1024 /* while no period is trusted: those steps are the slow ones */
 #define STEADY_SLACK (1u << 20) /* live bytes a trusted period's boundaries may differ by */
 #define NO_LIVE UINT64_MAX
 #define HISTORY (4 * MAX_PERIOD) /* launches whose live bytes are kept: a power of two */
@@ -29,7 +29,7 @@ static uint32_t period, candidate; /* adopted period, and the last one the detec
 static bool trusted; /* period's boundaries have come back to the same live bytes */
 static uint64_t live_at_boundary, allocs_at_boundary; /* at period's last boundary (NO_LIVE: none yet) */
 static _Atomic uint32_t adopted; /* period once trusted (else 0), readable without the lock */
-static uint64_t adopted_at, asked_ns; /* launches fed when it was; when the detector was last asked */
+static uint64_t adopted_at; /* launches fed when it was */
 /* Live bytes and allocations made as each launch was fed (fed & (HISTORY - 1)), so that a
  * period the detector gives can be judged on the boundaries it already passed. */
 static struct {
@@ -94,17 +94,11 @@ static uint64_t track_iteration(const struct ps_moment *l)
   fed++;
   if (history)
     psa_live_now(&history[fed & (HISTORY - 1)].live, &history[fed & (HISTORY - 1)].allocs);
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  uint64_t now_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-  bool by_launches = fed >= next_ask;
-  if (by_launches || (fed >= 64 && now_ns - asked_ns >= PERIOD_ASK_NS)) {
+  if (fed >= next_ask) {
     /* Ask early and then more rarely: short programs get their period, long ones pay
-     * little; and by time too (never delaying the next ask by launches), since steps not
-     * yet paged by a period are slow. */
-    asked_ns = now_ns;
-    if (by_launches)
-      next_ask = fed + (fed < PERIOD_ASK_MAX ? (fed < 64 ? 64 : fed) : PERIOD_ASK_MAX);
+     * little. By launches, not time: ranks must meet the same boundaries. */
+    uint64_t most = trusted ? PERIOD_ASK_MAX : PERIOD_ASK_UNTRUSTED;
+    next_ask = fed + (fed < most ? (fed < 64 ? 64 : fed) : most);
     uint32_t p = 0;
     uint64_t phase = 0;
     /* A run of one kernel repeated (an optimizer's per-tensor launches, say) is no
