@@ -31,19 +31,21 @@ cc -O2 -std=c11 -D_POSIX_C_SOURCE=200809L -I"$CUDA/include" -o "$W/driver_api" "
   -L"$CUDA/lib64/stubs" -lcuda 2>>"$W/build.err" || built=failed
 [ $built = ok ] || { echo "compat.sh: building the CUDA C programs failed:"; cat "$W/build.err"; }
 
-# name|seconds per run|command (run in tests/gpu/compat)
+# name|seconds per run|settings for the run under psshim ("-": none)|command (run in tests/gpu/compat).
+# torch's cudaMallocAsync backend, psshim's default, lacks what CUDA graph trees
+# (reduce-overhead) and CUDA IPC sharing need: those rows run with torch's own allocator.
 programs=(
-  "graph_capture|60|python3 graph_capture.py"
-  "compile_reduce_overhead|150|python3 compile_reduce_overhead.py"
-  "compile_default|150|python3 compile_default.py"
-  "transformers_train|90|python3 transformers_train.py"
-  "amp_scaler|60|python3 amp_scaler.py"
-  "dataloader_pin|90|python3 dataloader_pin.py"
-  "mp_share|90|python3 mp_share.py"
-  "profiler_kernels|60|python3 profiler_kernels.py"
-  "kv_cache|60|python3 kv_cache.py"
-  "runtime_api|60|$W/runtime_api"
-  "driver_api|60|$W/driver_api $W/driver_kernels.ptx"
+  "graph_capture|60|-|python3 graph_capture.py"
+  "compile_reduce_overhead|150|PSSHIM_TORCH_ALLOC=keep|python3 compile_reduce_overhead.py"
+  "compile_default|150|-|python3 compile_default.py"
+  "transformers_train|90|-|python3 transformers_train.py"
+  "amp_scaler|60|-|python3 amp_scaler.py"
+  "dataloader_pin|90|-|python3 dataloader_pin.py"
+  "mp_share|90|PSSHIM_TORCH_ALLOC=keep|python3 mp_share.py"
+  "profiler_kernels|60|-|python3 profiler_kernels.py"
+  "kv_cache|60|-|python3 kv_cache.py"
+  "runtime_api|60|-|$W/runtime_api"
+  "driver_api|60|-|$W/driver_api $W/driver_kernels.ptx"
 )
 
 peak_of() { # the largest peak_reserved among the COMPAT lines of the files given
@@ -77,7 +79,8 @@ skip_row() {
 }
 
 for entry in "${programs[@]}"; do
-  IFS='|' read -r name secs cmd <<<"$entry"
+  IFS='|' read -r name secs settings cmd <<<"$entry"
+  [ "$settings" != - ] || settings=
   [ -z "${COMPAT_ONLY:-}" ] || [[ " $COMPAT_ONLY " == *" $name "* ]] || continue
   if [ $SECONDS -ge $DEADLINE ]; then skip_row "$name" "skipped: out of time"; continue; fi
   echo "== $name"
@@ -92,12 +95,14 @@ for entry in "${programs[@]}"; do
   peak=$(peak_of "${natives[@]}")
   budget=$(( (peak / 2 + (2 << 20) - 1) / (2 << 20) * (2 << 20) ))
   [ "$budget" -ge $((64 << 20)) ] || budget=$((64 << 20))
-  (cd "$C" && LD_PRELOAD="$LIB" PSSHIM_GPU_BUDGET=$budget PSSHIM_STATS="$W/$name.stats.json" \
+  # shellcheck disable=SC2086  # settings and cmd are words
+  (cd "$C" && env $settings LD_PRELOAD="$LIB" PSSHIM_GPU_BUDGET=$budget PSSHIM_STATS="$W/$name.stats.json" \
      timeout "$secs" $cmd) >"$W/$name.psshim.out" 2>"$W/$name.psshim.err"
   rc=$?
   echo "   under psshim at $((budget >> 20)) MiB (native peak $((peak >> 20)) MiB): exit $rc"
   [ $rc = 0 ] || tail -n 5 "$W/$name.psshim.err" | sed 's/^/   | /'
-  python3 "$C/judge.py" "$ROWS" "$name" "$budget" "$W/$name.stats.json" "$rc" "$W/$name.psshim.out" "${natives[@]}" ||
+  COMPAT_SETTINGS="$settings" python3 "$C/judge.py" "$ROWS" "$name" "$budget" "$W/$name.stats.json" "$rc" \
+    "$W/$name.psshim.out" "${natives[@]}" ||
     skip_row "$name" "judge failed"
 done
 
@@ -115,7 +120,11 @@ try:
     tv = torch.__version__
 except ImportError:
     tv = "?"
-doc = {"date": time.strftime("%Y-%m-%d"), "gpu": gpu, "torch": tv, "libpsshim": lib, "rows": rows}
+try:
+    build = open(os.path.join(os.path.dirname(lib), "commit")).read().strip()
+except OSError:
+    build = "?"
+doc = {"date": time.strftime("%Y-%m-%d"), "gpu": gpu, "torch": tv, "libpsshim": lib, "build": build, "rows": rows}
 json.dump(doc, open(os.path.join(out, "compat.json"), "w"), indent=1)
 fmt = "{:<24} {:>5} {:<26} {:>6} {:>10} {:>10} {:>9} {:>11}  {}"
 lines = [f"psshim compatibility matrix, {doc['date']}, {gpu}, torch {tv}",

@@ -3,8 +3,10 @@
 Usage: judge.py ROWS NAME BUDGET STATS PSSHIM_RC PSSHIM_OUT NATIVE_OUT...
 
 Losses: bitwise equal to native when the first two native runs agree bitwise ("bitwise");
-otherwise each step within the spread (min..max) of the native runs ("spread")."""
+otherwise each step within the spread (min..max) of the native runs ("spread").
+COMPAT_SETTINGS: the settings the run under psshim had beyond the budget, kept in the row."""
 import json
+import os
 import sys
 
 
@@ -48,5 +50,9 @@ else:
     for k in ("cuda_events", "child_exit", "final_scale"):
         if k in mine:
             row[k] = mine[k]
+settings = os.environ.get("COMPAT_SETTINGS", "")
+if settings:
+    row["psshim_settings"] = settings
+    row["note"] = (row["note"] + "; " if row["note"] else "") + "with " + settings
 with open(rows, "a") as f:
     f.write(json.dumps(row) + "\n")
