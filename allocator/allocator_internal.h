@@ -27,7 +27,6 @@ struct frame {
   CUmemGenericAllocationHandle handle;
   CUdeviceptr staging;
   enum psa_where where;
-  bool exportable;    /* made exportable as a file descriptor (CUDA IPC, ipc.c) */
   uint32_t next_free; /* free-list link */
 };
 
@@ -50,8 +49,7 @@ struct span {
   enum psa_where where; /* GPU only when every chunk has a GPU frame */
   bool building;        /* frames still being taken (the lock may drop): not listed yet */
   bool exported;        /* a CUDA IPC handle of an allocation in it was made (ipc.c): another
-                           process may map its exportable frames, so its chunks on them never
-                           move again */
+                           process may map its frames, so its chunks never move again */
   uint64_t last_alloc;  /* the device's moment clock at its latest allocation (pager.c) */
   struct span *prev, *next; /* in its device's list for `where` */
 };
@@ -120,7 +118,7 @@ struct device {
   CUdeviceptr base, staging_base;
   uint64_t nchunks, max_frames;
   bool host_numa; /* HOST_NUMA frames work; else plain HOST */
-  bool exportable; /* frames can be made exportable as file descriptors (CUDA IPC, ipc.c) */
+  bool exportable; /* frames are made exportable as file descriptors (CUDA IPC, ipc.c) */
   struct chunk *chunks; /* entries: d->lock */
   /* The chunk space and the allocations in it (space.c, spans.c, alloc_map.c): d->lock. */
   struct {
@@ -213,16 +211,11 @@ CUresult psa_map(struct device *d, CUdeviceptr va, CUmemGenericAllocationHandle 
 /* frames.c */
 CUresult psa_frames_init(struct device *d);
 /* How a frame of `where` is made: pinned, on the device or on the host (NUMA node 0), and
- * exportable as a file descriptor when asked (the caller checks d->exportable). Frames
- * are made exportable only for CUDA IPC: on the H200 that made cuMemCreate ~65% slower. */
-CUmemAllocationProp psa_frame_prop(const struct device *d, enum psa_where where, bool exportable);
+ * exportable as a file descriptor where the device allows it (d->exportable). */
+CUmemAllocationProp psa_frame_prop(const struct device *d, enum psa_where where);
 /* A free frame of `where`, made if under the limit; PSA_NO_FRAME when none can be had.
  * Drops d->lock while it makes one, or waits for one another thread makes (struct device). */
 uint32_t psa_frame_take(struct device *d, enum psa_where where);
-/* The same, exportable, to take the place of a chunk's frame of `where` (ipc.c): at the
- * budget a free frame is destroyed to make room, or else it is made one beyond the budget
- * and the next frame of its kind given back is destroyed (psa_frame_give). */
-uint32_t psa_frame_take_exportable(struct device *d, enum psa_where where);
 void psa_frame_give(struct device *d, uint32_t f);
 /* Releases a frame's memory for good (a shared chunk no longer needs its own); its slot is
  * reused by the next frame made. */
@@ -302,20 +295,13 @@ void psa_shard_round(uint64_t period);
 /* Moves a chunk no launch is using onto a frame of `to` (see pager.c); NOT_READY when it
  * is busy or too many copies are in flight, OUT_OF_MEMORY without a frame. Drops d->lock. */
 CUresult psa_move(struct device *d, uint64_t chunk, enum psa_where to);
-/* Moves a chunk onto frame `to`, of either kind, taken by the caller, as psa_move does when
- * it is movable now (ipc.c waits until it is); else gives `to` back: NOT_READY while it is
- * busy, UNKNOWN when the driver refused. Drops d->lock. */
-CUresult psa_move_onto(struct device *d, uint64_t chunk, uint32_t to);
-/* Work psshim cannot see was queued: no chunk moves again. */
-bool psa_paging_stopped(void);
 /* A GPU frame taken for a chunk needed at moment `need`: one free or makeable beyond the
  * margin (what the coming part of the iteration's short-lived allocations will want), else
  * the frame of the model chunk on the GPU needed farthest after `need` (Belady), paged out
  * and waited for; PSA_NO_FRAME when none is needed later. Drops d->lock. */
 uint32_t psa_frame_for(struct device *d, uint64_t period, uint64_t need);
 /* Whether a move of the chunk may start now: mapped, its own, no launch in flight, every
- * launch that touched it passed, its last move's copy done, its span not being built, not
- * on an exportable frame of an exported span (ipc.c: another process may map it). */
+ * launch that touched it passed, its last move's copy done, its span not being built. */
 bool psa_movable(struct device *d, uint64_t chunk);
 /* Swaps a host chunk in for a GPU victim, both quiescent: the victim moves to a new host
  * frame, and the chunk onto the victim's GPU frame once the victim's copy out of it is

@@ -17,7 +17,10 @@ static uint64_t *frame_limit(struct device *d, enum psa_where w)
   return w == PSA_GPU ? &d->fr.gpu_limit : &d->fr.host_limit;
 }
 
-CUmemAllocationProp psa_frame_prop(const struct device *d, enum psa_where where, bool exportable)
+/* Frames are exportable where the device allows it, so that a CUDA IPC handle of an
+ * allocation (ipc.c) hands out the frames its chunks hold now, with no copy into frames
+ * made for it. */
+CUmemAllocationProp psa_frame_prop(const struct device *d, enum psa_where where)
 {
   CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED};
   if (where == PSA_GPU)
@@ -25,14 +28,14 @@ CUmemAllocationProp psa_frame_prop(const struct device *d, enum psa_where where,
   else
     prop.location = (CUmemLocation){.type = d->host_numa ? CU_MEM_LOCATION_TYPE_HOST_NUMA : CU_MEM_LOCATION_TYPE_HOST,
                                     .id = 0};
-  if (exportable)
+  if (d->exportable)
     prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   return prop;
 }
 
-static CUresult create(struct device *d, enum psa_where where, bool exportable, struct frame *f, CUdeviceptr staging)
+static CUresult create(struct device *d, enum psa_where where, struct frame *f, CUdeviceptr staging)
 {
-  CUmemAllocationProp prop = psa_frame_prop(d, where, exportable);
+  CUmemAllocationProp prop = psa_frame_prop(d, where);
   CUresult r = ps_driver.cuMemCreate(&f->handle, d->chunk_size, &prop, 0);
   if (r == CUDA_ERROR_OUT_OF_MEMORY)
     return r; /* the caller says which budget ran out */
@@ -45,18 +48,15 @@ static CUresult create(struct device *d, enum psa_where where, bool exportable, 
   }
   f->staging = staging;
   f->where = where;
-  f->exportable = exportable;
   return CUDA_SUCCESS;
 }
 
 /* Called with d->lock held; drops d->lock while the driver works so other threads go on. The
- * frame's index is claimed first so the staging address is fixed. An exportable frame may
- * be made one beyond the budget: it takes the place of a frame that is then destroyed
- * (psa_frame_take_exportable). */
-static uint32_t make(struct device *d, enum psa_where where, bool exportable)
+ * frame's index is claimed first so the staging address is fixed. */
+static uint32_t make(struct device *d, enum psa_where where)
 {
   uint64_t *made = frames_made(d, where);
-  if (*made >= *frame_limit(d, where) + exportable || d->fr.made > d->max_frames)
+  if (*made >= *frame_limit(d, where) || d->fr.made > d->max_frames)
     return PSA_NO_FRAME;
   /* Host frames count against the node's budget too when ranks share the node. */
   if (where == PSA_HOST && !psc_host_reserve(d->chunk_size)) {
@@ -75,7 +75,7 @@ static uint32_t make(struct device *d, enum psa_where where, bool exportable)
   d->fr.in_making[where]++;
   struct frame f = {0};
   pthread_mutex_unlock(&d->lock);
-  CUresult r = create(d, where, exportable, &f, d->staging_base + (uint64_t)id * d->chunk_size);
+  CUresult r = create(d, where, &f, d->staging_base + (uint64_t)id * d->chunk_size);
   pthread_mutex_lock(&d->lock);
   d->fr.in_making[where]--;
   pthread_cond_broadcast(&d->fr.made_one);
@@ -127,7 +127,7 @@ static void *pool_main(void *arg)
       pthread_cond_wait(&d->pool.wake, &d->lock);
       continue;
     }
-    uint32_t id = make(d, PSA_HOST, false);
+    uint32_t id = make(d, PSA_HOST);
     if (id == PSA_NO_FRAME)
       break;
     push_free(d, id);
@@ -176,34 +176,16 @@ static void count_held(struct device *d, enum psa_where w, int delta)
   }
 }
 
-/* The first free frame of `where` (an exportable one, if asked), taken off its list;
- * PSA_NO_FRAME when there is none. */
-static uint32_t unlink_free(struct device *d, enum psa_where where, bool exportable)
+uint32_t psa_frame_take(struct device *d, enum psa_where where)
 {
-  uint32_t *at = free_list(d, where);
-  while (exportable && *at != PSA_NO_FRAME && !d->fr.frames[*at].exportable)
-    at = &d->fr.frames[*at].next_free;
-  uint32_t id = *at;
-  if (id != PSA_NO_FRAME)
-    *at = d->fr.frames[id].next_free;
-  return id;
-}
-
-static uint32_t take(struct device *d, enum psa_where where, bool exportable)
-{
-  uint32_t id;
+  uint32_t *head = free_list(d, where), id;
   for (;;) {
-    if ((id = unlink_free(d, where, exportable)) != PSA_NO_FRAME)
+    if ((id = *head) != PSA_NO_FRAME) {
+      *head = d->fr.frames[id].next_free;
       break;
-    /* At the budget, a free frame makes room for an exportable one; without one, the new
-     * frame goes beyond the budget until the frame it replaces is given back (psa_frame_give). */
-    if (exportable && *frames_made(d, where) >= *frame_limit(d, where) &&
-        (id = unlink_free(d, where, false)) != PSA_NO_FRAME) {
-      count_held(d, where, +1);
-      psa_frame_destroy(d, id);
     }
     uint64_t start = psa_now_ns();
-    id = make(d, where, exportable);
+    id = make(d, where);
     d->stats.frame_make_ns += psa_now_ns() - start;
     if (id != PSA_NO_FRAME)
       break;
@@ -222,18 +204,9 @@ static uint32_t take(struct device *d, enum psa_where where, bool exportable)
   return id;
 }
 
-uint32_t psa_frame_take(struct device *d, enum psa_where where) { return take(d, where, false); }
-
-uint32_t psa_frame_take_exportable(struct device *d, enum psa_where where) { return take(d, where, true); }
-
 void psa_frame_give(struct device *d, uint32_t id)
 {
-  enum psa_where w = d->fr.frames[id].where;
-  if (*frames_made(d, w) > *frame_limit(d, w)) { /* one was made beyond the budget in its place */
-    psa_frame_destroy(d, id);
-    return;
-  }
-  count_held(d, w, -1);
+  count_held(d, d->fr.frames[id].where, -1);
   push_free(d, id);
 }
 

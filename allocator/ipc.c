@@ -3,15 +3,11 @@
  * bytes: a magic, the exporter's pid and random token (comm/ipc.c's service), the device,
  * the allocation's base and size.
  *
- * Export: the allocation's chunks must be on frames exportable as file descriptors, and
- * frames are not made so by default (it made cuMemCreate ~65% slower on the H200). At the
- * first export, each chunk on a frame that is not is moved onto an exportable frame of the
- * same kind, GPU or host, with the pager's move (its copy, its old frame back to the pool),
- * once no enqueued work can touch it: the export, a host call, waits for the device. From
- * then on those chunks never move (the pager and its plans pass them over, sharing passes
- * the whole span over: span->exported); a later export of memory on them copies nothing.
- * A shared chunk is made this process's own first. The pin lasts as long as the span:
- * psshim cannot know when the last importer is done.
+ * Export: from the handle on, the chunks of the allocation's span never move (the pager,
+ * its plans and sharing pass them over: span->exported), and each stays on the frame it
+ * holds now, GPU or host, since every frame is made exportable (frames.c): no copy, and no
+ * wait but for a move already underway. A shared chunk is made this process's own first.
+ * The pin lasts as long as the span: psshim cannot know when the last importer is done.
  *
  * Open: the exporter's service sends the frames' file descriptors and the layout (chunk
  * size, the allocation's offset in its first chunk); they are imported and mapped in order
@@ -23,7 +19,6 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #define MAGIC 0x4350496d68737370ull /* "psshmIPC" */
@@ -62,46 +57,10 @@ static void chunks_under(const struct device *d, CUdeviceptr base, uint64_t size
   *n = (base + size - 1 - d->base) / d->chunk_size + 1 - *first;
 }
 
-/* Moves a chunk of the allocation at p onto an exportable frame of the kind it is on, or
- * waits a moment while it cannot move yet (work queued on it, its last copy, or the copies
- * in flight fill the pager's slots); the caller asks again. Polls, as the pager's run-ahead
- * wait does: the work may be on any of the program's contexts. False, said once, when the
- * chunk cannot be moved. Drops d->lock. */
-static bool make_exportable(struct device *d, uint64_t chunk, CUdeviceptr p)
-{
-  const char *why = NULL;
-  CUresult r = CUDA_SUCCESS;
-  if (!psa_movable(d, chunk) || d->pager.ncopying + d->pager.nmoving >= PSA_MAX_MIGRATIONS) {
-    if (psa_paging_stopped()) {
-      why = "psshim moves no memory any more (work it cannot see was queued)";
-    } else {
-      const struct timespec nap = {0, 50000};
-      pthread_mutex_unlock(&d->lock);
-      nanosleep(&nap, NULL);
-      pthread_mutex_lock(&d->lock);
-      psa_moves_poll(d);
-    }
-  } else {
-    uint32_t f = psa_frame_take_exportable(d, d->fr.frames[d->chunks[chunk].frame].where);
-    r = f == PSA_NO_FRAME ? CUDA_ERROR_OUT_OF_MEMORY : psa_move_onto(d, chunk, f);
-    if (r == CUDA_SUCCESS) {
-      psa_copy_done(d, chunk, true);
-      psa_moves_poll(d); /* its old frame goes back to the pool: the copy out of it is done */
-    }
-  }
-  if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY)
-    why = ps_cu_error_name(r);
-  if (why)
-    ps_error("cudaIpcGetMemHandle: chunk %llu of the allocation at 0x%llx could not be moved onto memory another "
-             "process can map (%s): no handle",
-             (unsigned long long)chunk, (unsigned long long)p, why);
-  return !why;
-}
-
-/* Pins the allocation at p (span->exported) and waits until each of its chunks is on an
- * exportable frame of its own with no move underway; NULL, said once, when one cannot be
- * (a shared chunk that could not be made private, a chunk that could not move). Drops
- * d->lock while it waits and moves, so the allocation is looked up again after each. */
+/* Pins the allocation at p (span->exported) and waits until each of its chunks is on a
+ * frame of its own with no move underway; NULL, said once, when one cannot be (a shared
+ * chunk that could not be made private). Drops d->lock while it waits, so the allocation
+ * is looked up again after each wait. */
 static struct alloc_entry *pin(struct device *d, CUdeviceptr p)
 {
   uint64_t unshared = UINT64_MAX;
@@ -109,7 +68,7 @@ static struct alloc_entry *pin(struct device *d, CUdeviceptr p)
     struct alloc_entry *e = psa_map_find(d, p);
     if (!e)
       return NULL;
-    e->span->exported = true; /* no move starts once a chunk is on an exportable frame */
+    e->span->exported = true; /* no move starts from now on */
     uint64_t first, n, i;
     chunks_under(d, p, e->size, &first, &n);
     for (i = first; i < first + n; i++) {
@@ -127,11 +86,6 @@ static struct alloc_entry *pin(struct device *d, CUdeviceptr p)
         ps_error("cudaIpcGetMemHandle: chunk %llu of the allocation at 0x%llx has no frame of its own: no handle",
                  (unsigned long long)i, (unsigned long long)p);
         return NULL;
-      }
-      if (!d->fr.frames[c->frame].exportable) {
-        if (!make_exportable(d, i, p))
-          return NULL;
-        break;
       }
       psa_copy_done(d, i, true); /* the frame it is on holds its data */
     }
@@ -200,9 +154,7 @@ CUresult psa_ipc_export(CUdeviceptr p, CUipcMemHandle *out)
     ps_error("cudaIpcGetMemHandle: 0x%llx is not the start of an allocation psshim serves", (unsigned long long)p);
     return CUDA_ERROR_INVALID_VALUE;
   }
-  ps_own_work(true); /* the moves' copies and the waits are psshim's, not the program's moments */
   struct alloc_entry *e = pin(d, p);
-  ps_own_work(false);
   uint64_t size = e ? e->size : 0;
   pthread_mutex_unlock(&d->lock);
   if (!e)

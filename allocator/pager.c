@@ -188,8 +188,8 @@ bool psa_movable(struct device *d, uint64_t chunk)
 {
   struct chunk *c = &d->chunks[chunk];
   return c->frame != PSA_NO_FRAME && c->frame != psa_shared_frame(d) && !c->in_flight && !c->moving &&
-         !c->span->building && !(c->span->exported && d->fr.frames[c->frame].exportable) &&
-         !atomic_load(&paging_off) && psa_copy_done(d, chunk, false) && users_passed(d, c, false);
+         !c->span->building && !c->span->exported && !atomic_load(&paging_off) &&
+         psa_copy_done(d, chunk, false) && users_passed(d, c, false);
 }
 
 /* Points a chunk's addresses at another frame with d->lock dropped (the caller has marked
@@ -348,18 +348,7 @@ CUresult psa_move(struct device *d, uint64_t chunk, enum psa_where to)
   uint32_t fresh = to == PSA_HOST ? psa_host_frame(d) : psa_frame_take(d, to);
   if (fresh == PSA_NO_FRAME)
     return CUDA_ERROR_OUT_OF_MEMORY;
-  return psa_move_onto(d, chunk, fresh);
-}
-
-bool psa_paging_stopped(void) { return atomic_load(&paging_off); }
-
-CUresult psa_move_onto(struct device *d, uint64_t chunk, uint32_t to)
-{
-  if (!ensure_copy_streams(d)) {
-    psa_frame_give(d, to);
-    return CUDA_ERROR_NOT_READY;
-  }
-  uint32_t old = move_onto(d, chunk, to, NULL); /* checks again: taking a frame may drop the lock */
+  uint32_t old = move_onto(d, chunk, fresh, NULL); /* checks again: taking a frame may drop the lock */
   if (old == PSA_NO_FRAME)
     return psa_movable(d, chunk) ? CUDA_ERROR_UNKNOWN : CUDA_ERROR_NOT_READY;
   give_after(d, old, d->chunks[chunk].copy);

@@ -89,7 +89,9 @@ static CUdeviceptr chunk_va(const struct device *d, uint64_t chunk) { return d->
 
 static CUmemAllocationProp piece_prop(const struct device *d)
 {
-  return psa_frame_prop(d, PSA_HOST, true); /* pieces travel as fds */
+  CUmemAllocationProp prop = psa_frame_prop(d, PSA_HOST);
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR; /* pieces travel as fds whatever the frames */
+  return prop;
 }
 
 /* The device's sharing state, made at its first boundary; NULL (said once) when the chunk

@@ -107,9 +107,6 @@ FAKECUDA_API size_t fakecuda_used_bytes(int dev);
 /* The most fakecuda_used_bytes(dev) has been since cuInit: a budget check that does not
  * trust the allocator's own counters. */
 FAKECUDA_API size_t fakecuda_peak_bytes(int dev);
-/* cuMemCreate calls since cuInit that made memory exportable as a file descriptor
- * (requestedHandleTypes POSIX_FILE_DESCRIPTOR): what a program made shareable, and paid for. */
-FAKECUDA_API size_t fakecuda_exportable_created(void);
 
 #ifdef __cplusplus
 }

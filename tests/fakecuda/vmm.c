@@ -220,8 +220,6 @@ FC_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
 }
 
 /* ---- frames ---- */
-static _Atomic size_t exportable_created; /* fakecuda_exportable_created */
-
 static CUresult mem_create(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
                            unsigned long long flags) {
   int dev;
@@ -249,10 +247,8 @@ static CUresult mem_create(CUmemGenericAllocationHandle *handle, size_t size, co
   f->handle_refs = 1;
   f->refs = 1;
   *handle = (CUmemGenericAllocationHandle)(uintptr_t)f;
-  if (prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) atomic_fetch_add(&exportable_created, 1);
   return CUDA_SUCCESS;
 }
-FC_EXPORT size_t fakecuda_exportable_created(void) { return atomic_load(&exportable_created); }
 FC_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
                                unsigned long long flags) {
   FC_TRACED(cuMemCreate, mem_create(handle, size, prop, flags), handle, size, prop, flags);

@@ -9,10 +9,7 @@
  * the driver both ways; handles with psshim's mark that name nothing (another token,
  * another base) fail with cudaErrorInvalidValue, not a crash; a child with PSSHIM_DISABLE=1
  * fails likewise; the driver's doors (dlsym'd cuIpcOpenMemHandle_v2, cuIpcCloseMemHandle)
- * open the handle too. Frames are made exportable (the test driver counts them) only for
- * the exported allocations' chunks, at their first export: none before, one per chunk
- * (three and one), none at a second export nor while the pager moves chunks. Each check
- * prints its name; any failure exits non-zero.
+ * open the handle too. Each check prints its name; any failure exits non-zero.
  * Usage: ipc_sim [steps]  (the child: ipc_sim child HANDLE PLAIN_HANDLE COLD_HANDLE) */
 #define SIM_NAME "ipc_sim"
 #include "tests/integration/check.h"
@@ -315,32 +312,10 @@ int main(int argc, char **argv)
         stat_of("gpu_frames") == gpu_frames && stat_of("host_frames") == host_frames + 1);
   fill(host, 'H', COLD_BYTES);
   check(cudaMemcpy(cold, host, COLD_BYTES, cudaMemcpyHostToDevice), "cudaMemcpy");
-  CHECK("no frame is made exportable before an export", fakecuda_exportable_created() == 0);
   cudaIpcMemHandle_t h, plain_h, cold_h;
   CHECK("cudaIpcGetMemHandle of psshim's memory on a host frame", cudaIpcGetMemHandle(&cold_h, cold) == cudaSuccess);
-  CHECK("... makes its one chunk's frame exportable", fakecuda_exportable_created() == 1);
-  /* A kernel still queued on the buffer (the test driver slows it) when its handle is made:
-   * the export moves its chunks only after it (the test driver aborts a remap under it). */
-  uint64_t pad_n = 1024 / 4, one = 1;
-  void *kp[] = {&shared, &pad, &pad_n, &one};
-  fakecuda_set_delays(0, 0, 100000);
-  launch(forward_kernel, kp, s);
   CHECK("cudaIpcGetMemHandle of psshim's memory", cudaIpcGetMemHandle(&h, shared) == cudaSuccess);
-  fakecuda_set_delays(0, 0, 0);
-  CHECK("... makes its three chunks' frames exportable", fakecuda_exportable_created() == 4);
-  uint32_t pad_host[1024 / 4];
-  check(cudaMemcpy(pad_host, pad, sizeof pad_host, cudaMemcpyDeviceToHost), "cudaMemcpy");
-  uint64_t pad_bad = 0;
-  for (uint64_t i = 0; i < pad_n; i++)
-    pad_bad += pad_host[i] != pattern('A', i) * 3u + 1u;
-  CHECK("... after the kernel queued on it, whose results stand", pad_bad == 0);
-  CHECK("a second handle of it copies nothing",
-        cudaIpcGetMemHandle(&plain_h, shared) == cudaSuccess && fakecuda_exportable_created() == 4);
   CHECK("... not of a pointer inside it", cudaIpcGetMemHandle(&plain_h, (char *)shared + 512) == cudaErrorInvalidValue);
-  CHECK("the exported chunks stay where they were, within the budgets",
-        stat_of("gpu_frames") == gpu_frames && stat_of("host_frames") == host_frames + 1 &&
-            stat_of("gpu_frames_made") == gpu_frames);
-  uint64_t moved_at_export = stat_of("migrations_to_host") + stat_of("migrations_to_gpu");
   /* Memory psshim does not serve: device 1's pool, not the current one. */
   cudaMemPool_t pool1;
   void *plain = NULL;
@@ -390,8 +365,7 @@ int main(int argc, char **argv)
   printf("ipc_sim: %d steps, chunk moves %llu before the child wrote, %llu in all\n", steps,
          (unsigned long long)moved_before, (unsigned long long)moved);
   CHECK("the training values are intact", bad == 0);
-  CHECK("the pager moved chunks meanwhile", moved_before > moved_at_export && moved > moved_before);
-  CHECK("... making no frame exportable", fakecuda_exportable_created() == 4);
+  CHECK("the pager moved chunks meanwhile", moved_before > 0 && moved > moved_before);
   check(cudaFree(shared), "cudaFree");
   free(host), free(expect);
   return failures ? 1 : 0;
