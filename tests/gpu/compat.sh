@@ -3,7 +3,8 @@
 # a third when they differ) and under psshim with PSSHIM_GPU_BUDGET at half its native peak
 # (torch.cuda.max_memory_reserved, or the C programs' own bytes), one row each:
 # exit code, loss rule and verdict, step time native and under psshim, psshim's host frames
-# at peak. Writes $OUT/compat.json and $OUT/compat.txt.
+# at peak. Writes $OUT/compat.json and $OUT/compat.txt, and every run's output in
+# $OUT/compat_runs.tar.gz (a failure's first lines are what tells why).
 #   tests/gpu/pack.sh                                   # here: build and pack .gpu/
 #   device run (carry .gpu): bash tests/gpu/compat.sh [path/to/libpsshim.so]
 # Each run is under `timeout`; a failing row does not stop the others; rows not reached by
@@ -106,6 +107,7 @@ for entry in "${programs[@]}"; do
     skip_row "$name" "judge failed"
 done
 
+tar czf "$OUT/compat_runs.tar.gz" -C "$W" --exclude inductor --exclude triton . 2>/dev/null
 python3 - "$ROWS" "$OUT" "$LIB" <<'PY'
 import json, os, subprocess, sys, time
 rows = [json.loads(l) for l in open(sys.argv[1])]
