@@ -12,8 +12,6 @@ cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t stream, cudaGraph_t *pGraph);
 CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode);
 CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph);
 
-static const char *const cudart_sonames[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so", NULL};
-
 static void begun(bool ok)
 {
   if (ok)
@@ -28,7 +26,7 @@ static void ended(bool ok)
 
 PS_DEFAULT_VISIBILITY cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode)
 {
-  PS_REAL(cudaStreamBeginCapture, cudart_sonames);
+  PS_REAL_CUDART(cudaStreamBeginCapture);
   cudaError_t e = real_cudaStreamBeginCapture ? real_cudaStreamBeginCapture(stream, mode) : cudaErrorInitializationError;
   begun(e == cudaSuccess);
   return e;
@@ -36,7 +34,7 @@ PS_DEFAULT_VISIBILITY cudaError_t cudaStreamBeginCapture(cudaStream_t stream, en
 
 PS_DEFAULT_VISIBILITY cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream, enum cudaStreamCaptureMode mode)
 {
-  PS_REAL(cudaStreamBeginCapture_ptsz, cudart_sonames);
+  PS_REAL_CUDART(cudaStreamBeginCapture_ptsz);
   cudaError_t e =
       real_cudaStreamBeginCapture_ptsz ? real_cudaStreamBeginCapture_ptsz(stream, mode) : cudaErrorInitializationError;
   begun(e == cudaSuccess);
@@ -45,7 +43,7 @@ PS_DEFAULT_VISIBILITY cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t strea
 
 PS_DEFAULT_VISIBILITY cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGraph)
 {
-  PS_REAL(cudaStreamEndCapture, cudart_sonames);
+  PS_REAL_CUDART(cudaStreamEndCapture);
   cudaError_t e = real_cudaStreamEndCapture ? real_cudaStreamEndCapture(stream, pGraph) : cudaErrorInitializationError;
   ended(e == cudaSuccess || e == cudaErrorStreamCaptureInvalidated);
   return e;
@@ -53,7 +51,7 @@ PS_DEFAULT_VISIBILITY cudaError_t cudaStreamEndCapture(cudaStream_t stream, cuda
 
 PS_DEFAULT_VISIBILITY cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t stream, cudaGraph_t *pGraph)
 {
-  PS_REAL(cudaStreamEndCapture_ptsz, cudart_sonames);
+  PS_REAL_CUDART(cudaStreamEndCapture_ptsz);
   cudaError_t e =
       real_cudaStreamEndCapture_ptsz ? real_cudaStreamEndCapture_ptsz(stream, pGraph) : cudaErrorInitializationError;
   ended(e == cudaSuccess || e == cudaErrorStreamCaptureInvalidated);

@@ -10,8 +10,6 @@
 #undef cuIpcOpenMemHandle /* cuda.h maps it to _v2; the driver exports both, and so does psshim */
 CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags);
 
-static const char *const cudart_sonames[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so", NULL};
-
 /* Whether psshim makes the handle of p: it owns p, and may use CUDA here (a forked child may
  * not; the real call then fails as CUDA's rule says). */
 static bool exported_by_psshim(CUdeviceptr p) { return psa_owns(p) && !ps_in_forked_child(); }
@@ -40,7 +38,7 @@ PS_DEFAULT_VISIBILITY cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle
 {
   if (exported_by_psshim((CUdeviceptr)devPtr))
     return ps_to_runtime(psa_ipc_export((CUdeviceptr)devPtr, (CUipcMemHandle *)handle));
-  PS_REAL(cudaIpcGetMemHandle, cudart_sonames);
+  PS_REAL_CUDART(cudaIpcGetMemHandle);
   return real_cudaIpcGetMemHandle ? real_cudaIpcGetMemHandle(handle, devPtr) : cudaErrorInitializationError;
 }
 
@@ -51,7 +49,7 @@ PS_DEFAULT_VISIBILITY cudaError_t cudaIpcOpenMemHandle(void **devPtr, cudaIpcMem
   memcpy(&h, &handle, sizeof h);
   if (psa_ipc_handle_ours(&h))
     return ps_to_runtime(open_ours(true, (CUdeviceptr *)devPtr, &h));
-  PS_REAL(cudaIpcOpenMemHandle, cudart_sonames);
+  PS_REAL_CUDART(cudaIpcOpenMemHandle);
   return real_cudaIpcOpenMemHandle ? real_cudaIpcOpenMemHandle(devPtr, handle, flags) : cudaErrorInitializationError;
 }
 
@@ -60,7 +58,7 @@ PS_DEFAULT_VISIBILITY cudaError_t cudaIpcCloseMemHandle(void *devPtr)
   CUresult r = psa_ipc_close((CUdeviceptr)devPtr);
   if (r != CUDA_ERROR_NOT_SUPPORTED)
     return ps_to_runtime(r);
-  PS_REAL(cudaIpcCloseMemHandle, cudart_sonames);
+  PS_REAL_CUDART(cudaIpcCloseMemHandle);
   return real_cudaIpcCloseMemHandle ? real_cudaIpcCloseMemHandle(devPtr) : cudaErrorInitializationError;
 }
 

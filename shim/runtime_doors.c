@@ -15,12 +15,7 @@ cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t hStrea
 cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t hStream);
 cudaError_t cudaMallocFromPoolAsync_ptsz(void **ptr, size_t size, cudaMemPool_t memPool, cudaStream_t stream);
 
-static const char *const cudart_sonames[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so", NULL};
-
-/* The real function has the door's own type. */
-#define REAL(name) \
-  static __typeof__(&name) real_##name; \
-  if (!real_##name) real_##name = (__typeof__(&name))ps_next_symbol(#name, cudart_sonames)
+const char *const ps_cudart_sonames[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so", NULL};
 
 cudaError_t ps_to_runtime(CUresult r)
 {
@@ -42,7 +37,7 @@ bool ps_runtime_device(int *ordinal)
     return false;
   if (ps_current_device(ordinal))
     return true;
-  REAL(cudaFree);
+  PS_REAL_CUDART(cudaFree);
   if (real_cudaFree) {
     if (real_cudaFree(NULL) != cudaSuccess) /* the runtime's own "initialise the context" */
       return false;
@@ -73,7 +68,7 @@ PS_DEFAULT_VISIBILITY cudaError_t cudaMalloc(void **devPtr, size_t size)
   cudaError_t e = serve(devPtr, size, PSA_SYNC_STREAM, &served);
   if (served)
     return e;
-  REAL(cudaMalloc);
+  PS_REAL_CUDART(cudaMalloc);
   return real_cudaMalloc ? real_cudaMalloc(devPtr, size) : cudaErrorInitializationError;
 }
 
@@ -81,7 +76,7 @@ PS_DEFAULT_VISIBILITY cudaError_t cudaFree(void *devPtr)
 {
   if (psa_owns((CUdeviceptr)devPtr))
     return ps_to_runtime(psa_free((CUdeviceptr)devPtr, 0, true));
-  REAL(cudaFree);
+  PS_REAL_CUDART(cudaFree);
   return real_cudaFree ? real_cudaFree(devPtr) : cudaErrorInitializationError;
 }
 
@@ -91,7 +86,7 @@ PS_DEFAULT_VISIBILITY cudaError_t cudaMallocAsync(void **devPtr, size_t size, cu
   cudaError_t e = serve(devPtr, size, (CUstream)hStream, &served);
   if (served)
     return e;
-  REAL(cudaMallocAsync);
+  PS_REAL_CUDART(cudaMallocAsync);
   return real_cudaMallocAsync ? real_cudaMallocAsync(devPtr, size, hStream) : cudaErrorInitializationError;
 }
 
@@ -99,7 +94,7 @@ PS_DEFAULT_VISIBILITY cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t hStre
 {
   if (psa_owns((CUdeviceptr)devPtr))
     return ps_to_runtime(psa_free((CUdeviceptr)devPtr, (CUstream)hStream, false));
-  REAL(cudaFreeAsync);
+  PS_REAL_CUDART(cudaFreeAsync);
   return real_cudaFreeAsync ? real_cudaFreeAsync(devPtr, hStream) : cudaErrorInitializationError;
 }
 
@@ -117,7 +112,7 @@ PS_DEFAULT_VISIBILITY cudaError_t cudaMallocFromPoolAsync(void **ptr, size_t siz
   cudaError_t e = runtime_pool_is_current(memPool) ? serve(ptr, size, (CUstream)stream, &served) : cudaSuccess;
   if (served)
     return e;
-  REAL(cudaMallocFromPoolAsync);
+  PS_REAL_CUDART(cudaMallocFromPoolAsync);
   return real_cudaMallocFromPoolAsync ? real_cudaMallocFromPoolAsync(ptr, size, memPool, stream)
                                       : cudaErrorInitializationError;
 }
@@ -138,7 +133,7 @@ PS_DEFAULT_VISIBILITY cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t pool, en
     default: break;
     }
   }
-  REAL(cudaMemPoolGetAttribute);
+  PS_REAL_CUDART(cudaMemPoolGetAttribute);
   return real_cudaMemPoolGetAttribute ? real_cudaMemPoolGetAttribute(pool, attr, value) : cudaErrorInitializationError;
 }
 
@@ -148,7 +143,7 @@ PS_DEFAULT_VISIBILITY cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, en
   bool high = attr == cudaMemPoolAttrReservedMemHigh || attr == cudaMemPoolAttrUsedMemHigh;
   if (value && high && runtime_pool_is_current(pool) && ps_current_device(&ordinal))
     psa_usage_reset_high(ordinal, attr == cudaMemPoolAttrReservedMemHigh, attr == cudaMemPoolAttrUsedMemHigh);
-  REAL(cudaMemPoolSetAttribute);
+  PS_REAL_CUDART(cudaMemPoolSetAttribute);
   return real_cudaMemPoolSetAttribute ? real_cudaMemPoolSetAttribute(pool, attr, value) : cudaErrorInitializationError;
 }
 
@@ -160,7 +155,7 @@ PS_DEFAULT_VISIBILITY cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t siz
   cudaError_t e = serve(devPtr, size, (CUstream)per_thread(hStream), &served);
   if (served)
     return e;
-  REAL(cudaMallocAsync_ptsz);
+  PS_REAL_CUDART(cudaMallocAsync_ptsz);
   return real_cudaMallocAsync_ptsz ? real_cudaMallocAsync_ptsz(devPtr, size, hStream) : cudaErrorInitializationError;
 }
 
@@ -168,7 +163,7 @@ PS_DEFAULT_VISIBILITY cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t 
 {
   if (psa_owns((CUdeviceptr)devPtr))
     return ps_to_runtime(psa_free((CUdeviceptr)devPtr, (CUstream)per_thread(hStream), false));
-  REAL(cudaFreeAsync_ptsz);
+  PS_REAL_CUDART(cudaFreeAsync_ptsz);
   return real_cudaFreeAsync_ptsz ? real_cudaFreeAsync_ptsz(devPtr, hStream) : cudaErrorInitializationError;
 }
 
@@ -180,7 +175,7 @@ PS_DEFAULT_VISIBILITY cudaError_t cudaMallocFromPoolAsync_ptsz(void **ptr, size_
       runtime_pool_is_current(memPool) ? serve(ptr, size, (CUstream)per_thread(stream), &served) : cudaSuccess;
   if (served)
     return e;
-  REAL(cudaMallocFromPoolAsync_ptsz);
+  PS_REAL_CUDART(cudaMallocFromPoolAsync_ptsz);
   return real_cudaMallocFromPoolAsync_ptsz ? real_cudaMallocFromPoolAsync_ptsz(ptr, size, memPool, stream)
                                            : cudaErrorInitializationError;
 }
@@ -193,7 +188,7 @@ PS_DEFAULT_VISIBILITY cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *tot
     if (*total_bytes)
       return cudaSuccess;
   }
-  REAL(cudaMemGetInfo);
+  PS_REAL_CUDART(cudaMemGetInfo);
   return real_cudaMemGetInfo ? real_cudaMemGetInfo(free_bytes, total_bytes) : cudaErrorInitializationError;
 }
 

@@ -29,6 +29,9 @@ void *ps_next_symbol(const char *name, const char *const *sonames);
 #define PS_REAL(name, sonames) \
   static __typeof__(&name) real_##name; \
   if (!real_##name) real_##name = (__typeof__(&name))ps_next_symbol(#name, sonames)
+/* The CUDA runtime's libraries (runtime_doors.c), and real_<name> among them. */
+extern const char *const ps_cudart_sonames[];
+#define PS_REAL_CUDART(name) PS_REAL(name, ps_cudart_sonames)
 
 /* pool is the current memory pool of the current context's device: the only pool psshim
  * serves (a pool the program made has properties, IPC export or a host location, that
