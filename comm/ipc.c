@@ -54,13 +54,7 @@ static void atfork_child(void) {
 static void register_atfork(void) { pthread_atfork(atfork_prepare, atfork_parent, atfork_child); }
 
 static bool address(int32_t pid, uint64_t tok, struct sockaddr_un *a, socklen_t *len) {
-  memset(a, 0, sizeof *a);
-  a->sun_family = AF_UNIX;
-  /* Abstract (leading NUL): nothing on disk to remove when the exporter dies. */
-  int n = snprintf(a->sun_path + 1, sizeof a->sun_path - 1, "psshim-ipc-%d-%016llx", (int)pid,
-                   (unsigned long long)tok);
-  *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
-  return n > 0 && (size_t)n < sizeof a->sun_path - 1;
+  return psc_sock_abstract(a, len, "psshim-ipc-%d-%016llx", (int)pid, (unsigned long long)tok);
 }
 
 static double deadline(void) { return psg_now() + ps_options.comm_timeout_s; }

@@ -2,6 +2,8 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -74,4 +76,15 @@ bool psc_sock_transfer(int fd, void *buf, size_t len, bool send, int *fds, int *
 bool psc_sock_peer(int fd, struct ucred *who) {
   socklen_t len = sizeof *who;
   return getsockopt(fd, SOL_SOCKET, SO_PEERCRED, who, &len) == 0 && len == sizeof *who;
+}
+
+bool psc_sock_abstract(struct sockaddr_un *a, socklen_t *len, const char *fmt, ...) {
+  memset(a, 0, sizeof *a);
+  a->sun_family = AF_UNIX;
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(a->sun_path + 1, sizeof a->sun_path - 1, fmt, ap);
+  va_end(ap);
+  *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+  return n > 0 && (size_t)n < sizeof a->sun_path - 1;
 }

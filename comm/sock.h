@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 
 #define PSC_SOCK_MAX_FDS 64 /* descriptors one transfer carries at most */
 
@@ -21,5 +22,9 @@ bool psc_sock_transfer(int fd, void *buf, size_t len, bool send, int *fds, int *
 /* Who is at the other end of a connected unix socket, as the kernel saw it at connect() or
  * listen(): no message of theirs is needed, so a stranger cannot stall the asking end. */
 bool psc_sock_peer(int fd, struct ucred *who);
+/* An abstract socket address (leading NUL: nothing on disk to remove when its owner dies)
+ * named by printf's fmt; false when the name does not fit. */
+bool psc_sock_abstract(struct sockaddr_un *a, socklen_t *len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 #endif

@@ -41,13 +41,8 @@ static void star_fail(const char *during, int peer) {
 }
 
 bool psc_star_address(struct sockaddr_un *a, socklen_t *len) {
-  memset(a, 0, sizeof *a);
-  a->sun_family = AF_UNIX;
-  /* Abstract (leading NUL): nothing on disk to remove when a rank dies. */
-  int n = snprintf(a->sun_path + 1, sizeof a->sun_path - 1, "%s-star-%016llx", psc_state.shm_name,
-                   (unsigned long long)psc_state.node->star_salt);
-  *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
-  return n > 0 && (size_t)n < sizeof a->sun_path - 1;
+  return psc_sock_abstract(a, len, "%s-star-%016llx", psc_state.shm_name,
+                           (unsigned long long)psc_state.node->star_salt);
 }
 
 /* True if `who` is rank r: this user, and the live process the segment lists for r. */
