@@ -1,6 +1,8 @@
 /* PSSHIM_STATS: what the allocator did, summed over devices, as text or JSON. */
 #include "allocator/allocator_internal.h"
 
+#include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 void psa_stats_get(struct psa_stats *out)
@@ -32,6 +34,76 @@ bool psa_any_device(void)
 
 static double mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }
 
+/* ---- the steady iteration ---- */
+
+#define STEADY_KEEP 256 /* trusted iterations kept, the newest */
+
+struct iteration_cost {
+  uint64_t wall_ns;
+  uint64_t pager_permille; /* launch_ns per wall_ns */
+#define STEADY_FIELD(name) uint64_t name;
+  PSA_STEADY_FIELDS(STEADY_FIELD)
+#undef STEADY_FIELD
+};
+
+static pthread_mutex_t steady_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct psa_stats at_boundary; /* the statistics at the last boundary */
+static uint64_t boundary_ns;          /* 0: none yet */
+static struct iteration_cost kept[STEADY_KEEP];
+static uint64_t nkept; /* iterations recorded; the newest STEADY_KEEP are in kept[] */
+
+void psa_stats_boundary(bool first)
+{
+  struct psa_stats now;
+  psa_stats_get(&now);
+  uint64_t t = psa_now_ns();
+  pthread_mutex_lock(&steady_lock);
+  if (!first && boundary_ns) {
+    struct iteration_cost *c = &kept[nkept++ % STEADY_KEEP];
+    c->wall_ns = t - boundary_ns;
+#define STEADY_DELTA(name) c->name = now.name - at_boundary.name;
+    PSA_STEADY_FIELDS(STEADY_DELTA)
+#undef STEADY_DELTA
+    c->pager_permille = c->wall_ns ? 1000 * c->launch_ns / c->wall_ns : 0;
+  }
+  at_boundary = now;
+  boundary_ns = t;
+  pthread_mutex_unlock(&steady_lock);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* The median of one field of kept[from..from+n), through scratch v. */
+static uint64_t median_at(size_t offset, uint64_t from, uint64_t n, uint64_t *v)
+{
+  for (uint64_t k = 0; k < n; k++)
+    memcpy(&v[k], (const char *)&kept[(from + k) % STEADY_KEEP] + offset, sizeof *v);
+  qsort(v, n, sizeof *v, cmp_u64);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* The steady iteration: each figure's median over the kept iterations, the first trusted
+ * one left out while it is kept. Returns how many iterations it is the median of. */
+static uint64_t steady_median(struct iteration_cost *m)
+{
+  uint64_t v[STEADY_KEEP];
+  pthread_mutex_lock(&steady_lock);
+  uint64_t from = nkept > STEADY_KEEP ? nkept - STEADY_KEEP : 1, n = nkept > from ? nkept - from : 0;
+  if (n) {
+#define STEADY_MEDIAN(name) m->name = median_at(offsetof(struct iteration_cost, name), from, n, v);
+    STEADY_MEDIAN(wall_ns)
+    STEADY_MEDIAN(pager_permille)
+    PSA_STEADY_FIELDS(STEADY_MEDIAN)
+#undef STEADY_MEDIAN
+  }
+  pthread_mutex_unlock(&steady_lock);
+  return n;
+}
+
 void psa_stats_write(FILE *f, bool json, const struct psa_progress *p)
 {
   struct psa_stats s;
@@ -39,11 +111,20 @@ void psa_stats_write(FILE *f, bool json, const struct psa_progress *p)
   uint64_t launches = p->launches, iterations = p->iterations;
   /* Fill at the peak: how much of the mapped chunk space live tensors used when it counted. */
   double fill = s.mapped_at_peak ? 100.0 * (double)s.peak_live_bytes / (double)s.mapped_at_peak : 0;
+  struct iteration_cost m = {0};
+  uint64_t steady = steady_median(&m);
   if (json) {
     fputc('{', f);
 #define JSON_FIELD(name, how) fprintf(f, "\"" #name "\": %llu, ", (unsigned long long)s.name);
     PSA_STATS_FIELDS(JSON_FIELD)
 #undef JSON_FIELD
+    if (steady) {
+      fprintf(f, "\"steady_iterations\": %llu, \"steady_wall_ns\": %llu, \"steady_pager_pct\": %.1f, ",
+              (unsigned long long)steady, (unsigned long long)m.wall_ns, m.pager_permille / 10.0);
+#define JSON_STEADY(name) fprintf(f, "\"steady_" #name "\": %llu, ", (unsigned long long)m.name);
+      PSA_STEADY_FIELDS(JSON_STEADY)
+#undef JSON_STEADY
+    }
     fprintf(f,
             "\"peak_gpu_bytes\": %llu, \"peak_host_bytes\": %llu, \"chunk_fill_pct\": %.1f, \"launches\": %llu, "
             "\"iterations\": %llu, \"period\": %llu, \"period_adopted_at\": %llu}\n",
@@ -69,6 +150,11 @@ void psa_stats_write(FILE *f, bool json, const struct psa_progress *p)
             "%.1f ms, %llu late waits for a remap (%.1f ms)\n", (double)s.plan_ns / 1e6,
             ps_options.mover ? "mover" : "launching threads", (double)s.remap_ns / 1e6, (double)s.launch_ns / 1e6,
             (unsigned long long)s.late_waits, (double)s.late_wait_ns / 1e6);
+  if (steady)
+    fprintf(f, "psshim: steady iteration (median of %llu): %.1f ms, the launching threads %.1f ms in the pager "
+            "(%.1f%%); moved in %.1f MiB, out %.1f MiB; %llu late waits\n", (unsigned long long)steady,
+            (double)m.wall_ns / 1e6, (double)m.launch_ns / 1e6, m.pager_permille / 10.0, mib(m.bytes_h2d),
+            mib(m.bytes_d2h), (unsigned long long)m.late_waits);
   if (s.shares)
     fprintf(f, "psshim: sharing: %llu chunks shared with the node's ranks, %llu made private again; host frames "
             "saved: %.1f MiB now, %.1f MiB at most\n", (unsigned long long)s.shares, (unsigned long long)s.unshares,

@@ -137,7 +137,7 @@ static uint64_t track_iteration(const struct ps_moment *l)
     }
     candidate = found ? p : 0;
   }
-  bool boundary = period && fed >= next_boundary;
+  bool boundary = period && fed >= next_boundary, trusted_before = trusted;
   if (boundary) {
     next_boundary += period;
     if (!trusted)
@@ -151,6 +151,7 @@ static uint64_t track_iteration(const struct ps_moment *l)
   if (boundary) {
     struct pst_record r = {.type = PST_REC_ITERATION, .iteration = {.iteration = it, .period = per}};
     pst_trace_emit(&r);
+    psa_stats_boundary(!trusted_before);
     psa_shard_boundary(per);
   }
   return position;
