@@ -479,6 +479,29 @@ def pager_table(sweep: dict) -> str | None:
          "launch ms/step"], rows)
 
 
+def steady_table(sweep: dict) -> str | None:
+    """Each psshim run's steady iteration as its PSSHIM_STATS gives it (medians over the
+    trusted iterations after the first, measured between psshim's own iteration
+    boundaries); None if no run has one."""
+    rows = []
+    for r in sweep["runs"]:
+        s = r.get("psshim_stats")
+        if not isinstance(s, dict) or not s.get("steady_iterations"):
+            continue
+        rows.append([
+            benchlib.fmt(r.get("ratio"), "g"), r["method"], str(s["steady_iterations"]),
+            benchlib.fmt(s["steady_wall_ns"] / 1e9, ".3f"), benchlib.fmt(s["steady_launch_ns"] / 1e6, ".1f"),
+            benchlib.fmt(s["steady_pager_pct"], ".1f"), benchlib.fmt(s["steady_remap_ns"] / 1e6, ".1f"),
+            benchlib.fmt(s["steady_bytes_h2d"] / 1e9, ".2f"), benchlib.fmt(s["steady_bytes_d2h"] / 1e9, ".2f"),
+            benchlib.fmt(r["least_h2d_per_step"] / 1e9, ".2f") if "least_h2d_per_step" in r else "-",
+            str(s["steady_late_waits"])])
+    if not rows:
+        return None
+    return benchlib.format_table(
+        ["ratio", "method", "iterations", "iteration s", "pager ms", "pager %", "remap ms", "moved in GB",
+         "moved out GB", "least in GB", "late waits"], rows)
+
+
 def plot(sweep: dict, path: str) -> str | None:
     """Step time vs ratio per method, with each method's lower bound (and for psshim's, native
     step plus the link time of the bytes NVML saw cross, and its serial bound); None when done."""
@@ -568,6 +591,13 @@ def report(a, sweep: dict) -> int:
               "waited for a remap and how long, and the launching threads' whole time in the "
               "pager (run-ahead hold apart)")
         print(pager)
+    steady = steady_table(sweep)
+    if steady:
+        print("\npsshim's steady iteration (PSSHIM_STATS: medians over the trusted iterations after "
+              "the first): its wall time, the launching threads' time in the pager (run-ahead hold "
+              "apart) and its share, the driver's remap time, the bytes moved each way, beside the "
+              "least bytes in (serial bound), and launches that waited for a remap")
+        print(steady)
     return 0
 
 

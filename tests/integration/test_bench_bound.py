@@ -22,4 +22,14 @@ text = paging_sweep.serial_table({"runs": [run, {"ratio": 1.5, "method": "fsdp-o
 row = [line for line in text.splitlines() if "psshim-auto" in line]
 assert len(row) == 1 and row[0].split()[2:] == ["0.764", "13.50", "0.604", "127%"], text
 assert paging_sweep.serial_table({"runs": [{"ratio": 1.5, "method": "fsdp-offload"}]}) is None
-print("serial bound ok")
+
+# The steady iteration's table reads a run's PSSHIM_STATS steady_* keys; a run without them
+# (a peer, or psshim with no trusted period) has no row.
+stats = {"steady_iterations": 5, "steady_wall_ns": 1.6e9, "steady_launch_ns": 32e6, "steady_pager_pct": 2.0,
+         "steady_remap_ns": 12e6, "steady_bytes_h2d": 30e9, "steady_bytes_d2h": 20e9, "steady_late_waits": 0}
+text = paging_sweep.steady_table({"runs": [{**run, "psshim_stats": stats}, {"ratio": 1.5, "method": "fsdp-offload"},
+                                           {"ratio": 2, "method": "psshim-auto", "psshim_stats": {"steady_iterations": 0}}]})
+row = [line for line in text.splitlines() if "psshim-auto" in line]
+assert len(row) == 1 and row[0].split()[2:] == ["5", "1.600", "32.0", "2.0", "12.0", "30.00", "20.00", "13.50", "0"], text
+assert paging_sweep.steady_table({"runs": [{"ratio": 1.5, "method": "fsdp-offload"}]}) is None
+print("serial bound and steady iteration ok")
