@@ -179,8 +179,8 @@ struct psa_progress {
 /* Called at every trusted iteration boundary (first: the one that trusted the period,
  * which starts the count anew): the change of the statistics below over the iteration
  * that just ended is kept, with its wall time, for PSSHIM_STATS' steady iteration (the
- * median of each over the trusted iterations after the first, whose moves bring the
- * placement into shape). */
+ * median of each over the iterations of the period trusted last, after its first, whose
+ * moves bring the placement into shape). */
 #define PSA_STEADY_FIELDS(X)                                                                  \
   X(launch_ns) X(plan_ns) X(remap_ns) X(bytes_h2d) X(bytes_d2h) X(migrations_to_gpu)          \
   X(migrations_to_host) X(late_waits) X(late_wait_ns) X(touches_host) X(runahead_wait_ns)

@@ -58,7 +58,9 @@ void psa_stats_boundary(bool first)
   psa_stats_get(&now);
   uint64_t t = psa_now_ns();
   pthread_mutex_lock(&steady_lock);
-  if (!first && boundary_ns) {
+  if (first) /* a period newly trusted: a first step's short stretches are no iteration */
+    nkept = 0;
+  else if (boundary_ns) {
     struct iteration_cost *c = &kept[nkept++ % STEADY_KEEP];
     c->wall_ns = t - boundary_ns;
 #define STEADY_DELTA(name) c->name = now.name - at_boundary.name;
