@@ -180,11 +180,11 @@ struct psa_progress {
  * which starts the count anew): the change of the statistics below over the iteration
  * that just ended is kept, with its wall time, for PSSHIM_STATS' steady iteration (the
  * median of each over the iterations of the period trusted last, after its first, whose
- * moves bring the placement into shape). */
+ * moves bring the placement into shape). Fills *now with the statistics it took. */
 #define PSA_STEADY_FIELDS(X)                                                                  \
   X(launch_ns) X(plan_ns) X(remap_ns) X(bytes_h2d) X(bytes_d2h) X(migrations_to_gpu)          \
   X(migrations_to_host) X(late_waits) X(late_wait_ns) X(touches_host) X(runahead_wait_ns)
-void psa_stats_boundary(bool first);
+void psa_stats_boundary(bool first, struct psa_stats *now);
 /* PSSHIM_STATS output: text (json=false) or one JSON object. */
 void psa_stats_write(FILE *f, bool json, const struct psa_progress *p);
 

@@ -52,10 +52,10 @@ static uint64_t boundary_ns;          /* 0: none yet */
 static struct iteration_cost kept[STEADY_KEEP];
 static uint64_t nkept; /* iterations recorded; the newest STEADY_KEEP are in kept[] */
 
-void psa_stats_boundary(bool first)
+void psa_stats_boundary(bool first, struct psa_stats *taken)
 {
-  struct psa_stats now;
-  psa_stats_get(&now);
+  psa_stats_get(taken);
+  const struct psa_stats now = *taken;
   uint64_t t = psa_now_ns();
   pthread_mutex_lock(&steady_lock);
   if (first) /* a period newly trusted: a first step's short stretches are no iteration */

@@ -149,9 +149,13 @@ static uint64_t track_iteration(const struct ps_moment *l)
   uint64_t position = per ? (fed + per - next_boundary) % per : 0; /* next_boundary is in (fed, fed + per] */
   pthread_mutex_unlock(&period_lock);
   if (boundary) {
-    struct pst_record r = {.type = PST_REC_ITERATION, .iteration = {.iteration = it, .period = per}};
+    struct psa_stats s;
+    psa_stats_boundary(!trusted_before, &s);
+    struct pst_record r = {.type = PST_REC_ITERATION,
+                           .iteration = {.iteration = it, .period = per, .pager_ns = s.launch_ns,
+                                         .turns_ns = s.plan_ns, .late_waits = s.late_waits,
+                                         .late_wait_ns = s.late_wait_ns}};
     pst_trace_emit(&r);
-    psa_stats_boundary(!trusted_before);
     psa_shard_boundary(per);
   }
   return position;

@@ -74,6 +74,10 @@ struct rp_lap {
   /* its launches that named a live allocation by its start while some of it was in host
    * frames (rp_in_place), and those bytes: at most what they read across PCIe */
   uint64_t in_place, in_place_bytes;
+  /* the pager's, from the marks' totals where both have them (has_pager): the launching
+   * threads' time in it, its turns' time, and launches that waited for a remap */
+  bool has_pager;
+  uint64_t pager_ns, turns_ns, late_waits, late_wait_ns;
   enum rp_phase phase;
 };
 struct rp_laps {

@@ -346,19 +346,25 @@ static void steady_table(FILE *f, const struct rp_trace *t, const struct steady 
   const size_t from = st->n > MAX_LAP_ROWS ? st->n - MAX_LAP_ROWS : 0;
   if (from) fprintf(f, "<p class='note'>The last %d of %zu steady iterations:</p>\n", MAX_LAP_ROWS, st->n);
   fputs("<table class='laps'><tr><th>iteration</th><th>starts at s</th><th>time s</th><th>launches</th>"
-        "<th>paged in GB</th><th>named in host frames GB</th><th>paged out GB</th></tr>\n", f);
+        "<th>paged in GB</th><th>named in host frames GB</th><th>paged out GB</th><th>pager ms</th>"
+        "<th>late waits</th></tr>\n", f);
   for (size_t i = from; i < st->n; i++) {
     const struct rp_lap *l = st->l[i];
-    fprintf(f, "<tr><td>%llu</td><td>%.3f</td><td>%.3f</td><td>%llu</td><td>%.2f</td><td>%.2f</td><td>%.2f</td></tr>\n",
+    fprintf(f, "<tr><td>%llu</td><td>%.3f</td><td>%.3f</td><td>%llu</td><td>%.2f</td><td>%.2f</td><td>%.2f</td>",
             (unsigned long long)l->iteration, rp_secs(t, l->from), (double)(l->to - l->from) / 1e9,
             (unsigned long long)l->launches, (double)l->bytes_in / GB, (double)l->in_place_bytes / GB,
             (double)l->bytes_out / GB);
+    if (l->has_pager)
+      fprintf(f, "<td>%.2f</td><td>%llu</td></tr>\n", (double)l->pager_ns / 1e6, (unsigned long long)l->late_waits);
+    else
+      fputs("<td>-</td><td>-</td></tr>\n", f);
   }
   fputs("</table>\n<p class='note'>Paged: psshim's migrations, recorded exactly. Named in host frames: the bytes in "
         "host frames of the allocations that the iteration's launches named by their start (counted per launch), "
         "an upper bound on what kernels read there in place across PCIe, which the trace does not record. LEAST "
         "TRAFFIC: what any placement must bring onto the GPU, paged in or read in place (the text's LEAST TRAFFIC "
-        "says why).</p>\n",
+        "says why). Pager ms: the launching threads' host time in psshim's pager (the run-ahead hold apart); late "
+        "waits: launches that reached a chunk while it was remapped.</p>\n",
         f);
 }
 

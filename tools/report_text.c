@@ -61,7 +61,12 @@ static void list_period(char *list, size_t len, uint64_t period) {
  * between the marks of rp_steady_marks; warm-up: those before; later: those after (another
  * loop). */
 static void phases(const struct rp_trace *t, const struct rp_laps *laps, FILE *f) {
-  struct acc { size_t iters, launches; double secs, min, max; uint64_t in, out, in_place; } ph[3] = { 0 };
+  struct acc {
+    size_t iters, launches, with_pager;
+    double secs, min, max;
+    uint64_t in, out, in_place, pager_ns, turns_ns, late_waits;
+  } ph[3] = { 0 };
+  bool pager = false;
   const char *names[3] = { [RP_WARMUP] = "warm-up", [RP_STEADY] = "steady", [RP_LATER] = "later" };
   char other[2][96] = { "", "" }; /* periods of the marks before and after the steady ones */
   size_t first = SIZE_MAX, last = SIZE_MAX, prev = SIZE_MAX;
@@ -89,6 +94,13 @@ static void phases(const struct rp_trace *t, const struct rp_laps *laps, FILE *f
     a->in += l->bytes_in;
     a->out += l->bytes_out;
     a->in_place += l->in_place_bytes;
+    if (l->has_pager) {
+      a->with_pager++;
+      a->pager_ns += l->pager_ns;
+      a->turns_ns += l->turns_ns;
+      a->late_waits += l->late_waits;
+      pager = true;
+    }
   }
   if (prev == SIZE_MAX) {
     fprintf(f, "  no ITERATION records: the run is one phase of %.3f s\n", rp_secs(t, t->t1));
@@ -97,15 +109,30 @@ static void phases(const struct rp_trace *t, const struct rp_laps *laps, FILE *f
   fprintf(f, "  before the first iteration mark: %.3f s\n", rp_secs(t, first_ns));
   fprintf(f, "  per iteration: paged in and out, and at most read in place (launches that named an allocation\n"
              "  partly in host frames); LEAST TRAFFIC below bounds in + in place\n");
-  fprintf(f, "  %-8s %10s %10s %10s %10s %10s %12s %12s %12s %14s\n", "phase", "iterations", "total s", "mean s",
+  if (pager)
+    fprintf(f, "  and the pager's host time per iteration: the launching threads' (run-ahead hold apart), its\n"
+               "  turns' (plans and the moves they start, on the mover where there is one), launches that\n"
+               "  waited for a remap\n");
+  fprintf(f, "  %-8s %10s %10s %10s %10s %10s %12s %12s %12s %14s", "phase", "iterations", "total s", "mean s",
           "min s", "max s", "launches/it", "in MB/it", "out MB/it", "in place MB/it");
+  if (pager)
+    fprintf(f, " %12s %12s %8s", "pager ms/it", "turns ms/it", "late/it");
+  fputc('\n', f);
   for (int k = 0; k < 3; k++) {
     const struct acc *a = &ph[k];
     if (!a->iters) continue;
     const double n = (double)a->iters;
-    fprintf(f, "  %-8s %10zu %10.3f %10.4f %10.4f %10.4f %12.0f %12.1f %12.1f %14.1f\n", names[k], a->iters, a->secs,
+    fprintf(f, "  %-8s %10zu %10.3f %10.4f %10.4f %10.4f %12.0f %12.1f %12.1f %14.1f", names[k], a->iters, a->secs,
             a->secs / n, a->min, a->max, (double)a->launches / n, (double)a->in / MB / n, (double)a->out / MB / n,
             (double)a->in_place / MB / n);
+    if (pager && a->with_pager) {
+      const double w = (double)a->with_pager;
+      fprintf(f, " %12.2f %12.2f %8.1f", (double)a->pager_ns / 1e6 / w, (double)a->turns_ns / 1e6 / w,
+              (double)a->late_waits / w);
+    } else if (pager) {
+      fprintf(f, " %12s %12s %8s", "-", "-", "-");
+    }
+    fputc('\n', f);
   }
   if (other[0][0])
     fprintf(f, "  warm-up marks also came from periods taken for the iteration before the steady one: %s launches\n",

@@ -142,6 +142,7 @@ static size_t var_bytes(const struct pst_record *r) {
   case PST_REC_STACK: return (size_t)r->stack.depth * 16;
   case PST_REC_LAUNCH: return (size_t)r->launch.n * 8;
   case PST_REC_NOTE: return r->note.len;
+  case PST_REC_ITERATION: return 32; /* the pager's totals, appended to version 1's record */
   default: return 0;
   }
 }
@@ -231,6 +232,10 @@ size_t pst_encode_record(const struct pst_record *r, uint8_t *out) {
   case PST_REC_ITERATION:
     PUT(p, r->iteration.iteration);
     PUT(p, r->iteration.period);
+    PUT(p, r->iteration.pager_ns);
+    PUT(p, r->iteration.turns_ns);
+    PUT(p, r->iteration.late_waits);
+    PUT(p, r->iteration.late_wait_ns);
     break;
   case PST_REC_NOTE:
     memcpy(p, r->note.text, r->note.len);
@@ -350,6 +355,13 @@ enum pst_decode_result pst_decode_record(const uint8_t *in, size_t avail, struct
   case PST_REC_ITERATION:
     GET(p, r->iteration.iteration);
     GET(p, r->iteration.period);
+    r->iteration.has_pager = tail >= 32;
+    if (r->iteration.has_pager) {
+      GET(p, r->iteration.pager_ns);
+      GET(p, r->iteration.turns_ns);
+      GET(p, r->iteration.late_waits);
+      GET(p, r->iteration.late_wait_ns);
+    }
     break;
   case PST_REC_NOTE:
     r->note.len = (uint32_t)tail;

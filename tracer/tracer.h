@@ -42,7 +42,12 @@
  *     SYNC      u32 what | u32 0 | u64 stream
  *     SAMPLE    u64 gpu chunk bytes | u64 host chunk bytes | u64 non-model GPU bytes | u64
  *               device free bytes
- *     ITERATION u64 iteration | u64 period in launches (0 = not known yet)
+ *     ITERATION u64 iteration | u64 period in launches (0 = not known yet), then (appended;
+ *               absent in older traces) the pager's totals so far, summed over devices:
+ *               u64 pager_ns (the launching threads' time in the pager, run-ahead hold
+ *               apart) | u64 turns_ns (plans and the moves they start, on whichever
+ *               thread takes them) | u64 late_waits | u64 late_wait_ns (launches that
+ *               reached a chunk mid-remap, and their wait)
  *     NOTE      text (payload_len bytes, no NUL)
  *     END       (empty) written by a clean close; its absence means the process died.
  *
@@ -121,7 +126,11 @@ struct pst_record {
     struct { uint32_t chunk; uint16_t direction, reason; uint64_t bytes, start_ns, end_ns; } migration;
     struct { uint32_t what; uint64_t stream; } sync;
     struct { uint64_t gpu_chunk_bytes, host_chunk_bytes, nonmodel_gpu_bytes, device_free_bytes; } sample;
-    struct { uint64_t iteration, period; } iteration;
+    struct {
+      uint64_t iteration, period;
+      bool has_pager; /* the totals below were recorded (reader); the writer always writes them */
+      uint64_t pager_ns, turns_ns, late_waits, late_wait_ns;
+    } iteration;
     struct { uint32_t len; const char *text; } note; /* writer: len 0 = strlen(text) */
   };
 };

@@ -52,6 +52,15 @@ steady_bytes() {
        END {exit !(found && !d)}' "$dir/expect" "$dir/out.txt"
 }
 check "phases: steady MB in, out and in place per iteration" steady_bytes
+# The pager's columns: the launching threads' ms, the turns' (half of it here) and late
+# waits per steady iteration, from the marks' totals.
+steady_pager() {
+  awk 'FNR == NR && $1 == "lap" {n++; ms += $9; late += $10; next}
+       FNR != NR && $1 == "steady" {found = 1; ok = ($11 == sprintf("%.2f", ms / n) && $12 == sprintf("%.2f", ms / n / 2) &&
+         $13 == sprintf("%.1f", late / n))}
+       END {exit !(found && ok)}' "$dir/expect" "$dir/out.txt"
+}
+check "phases: the pager's host time and late waits per steady iteration" steady_pager
 check "phases: the early short period named as warm-up" \
   grep -Eq '^  warm-up marks also came from periods .*: 7 launches$' "$dir/out.txt"
 check "phases: the evaluation loop after training counted apart" \
@@ -85,8 +94,8 @@ check "html has inline svg" grep -q '<svg' "$dir/run.html"
 check "html has no external resources" bash -c "! grep -Eqi '<script|src=|href=' '$dir/run.html'"
 # The page's steady iterations: one table row each, as the generator counted them.
 check "html: one row per steady iteration" test "$(grep -c '^<tr><td>[0-9]*</td><td>[0-9.]*</td>' "$dir/run.html")" = 3
-while read -r _ it at secs launches in inplace out; do
-  check "html: iteration $it row" grep -qx "<tr><td>$it</td><td>$at</td><td>$secs</td><td>$launches</td><td>$in</td><td>$inplace</td><td>$out</td></tr>" "$dir/run.html"
+while read -r _ it at secs launches in inplace out pager late; do
+  check "html: iteration $it row" grep -qx "<tr><td>$it</td><td>$at</td><td>$secs</td><td>$launches</td><td>$in</td><td>$inplace</td><td>$out</td><td>$pager.00</td><td>$late</td></tr>" "$dir/run.html"
 done < <(grep '^lap ' "$dir/expect")
 least_gb=$(awk -v mib="$(sed -n 's/^least-run //p' "$dir/expect")" '$1 == "least" && $2 == mib { printf "%.1f", $3 / 1000 }' "$dir/expect")
 check "html: the least-traffic line ($least_gb GB)" \

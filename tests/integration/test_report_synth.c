@@ -9,7 +9,8 @@
  * "in-place <the state site's in-place line>", "least <GPU budget in MiB> <MB>" for the LEAST
  * TRAFFIC bound of the last steady iteration at three budgets, "least-run <MiB>" the run's
  * budget among them, "least-paged <MB>", what was paged in during that iteration, and
- * "lap <iteration> <starts at s> <s> <launches> <GB in> <GB named in host frames> <GB out>"
+ * "lap <iteration> <starts at s> <s> <launches> <GB in> <GB named in host frames> <GB out>
+ * <pager ms> <late waits>"
  * for each steady iteration (the HTML's table row). Every allocation's stack starts in a
  * frame named like torch's allocator (c10::cuda::CUDACachingAllocator::allocate, mangled)
  * that the report skips; the state's site is a mangled C++ name, synth::Adam::init_state(). */
@@ -149,11 +150,25 @@ __attribute__((visibility("default"), noinline)) void synth_alloc_workspace(bool
 
 /* Warm-up marks: the first with no period, the next with a short period taken for the
  * iteration (as the tracer's early guesses are), then the step's own. */
+static uint64_t pager_total_ns, late_total; /* the pager's totals the marks carry */
+
+/* The pager's host time in iteration it (ms) and the launches that waited for a remap in it. */
+static uint64_t pager_ms(int it) { return 2 + (uint64_t)it; }
+static uint64_t late_in(int it) { return (uint64_t)it % 3; }
+
+static void mark(int it, uint64_t period) {
+  emit((struct pst_record){ .type = PST_REC_ITERATION,
+                            .iteration = { .iteration = (uint64_t)it, .period = period, .pager_ns = pager_total_ns,
+                                           .turns_ns = pager_total_ns / 2, .late_waits = late_total } });
+}
+
 static void iteration(int it) {
   current = it;
   mark_ns[it] = now;
   const uint64_t period = it == 0 ? 0 : it < WARMUP ? 7 : LAYERS * 5;
-  emit((struct pst_record){ .type = PST_REC_ITERATION, .iteration = { (uint64_t)it, period } });
+  mark(it, period);
+  pager_total_ns += pager_ms(it) * 1000000;
+  late_total += late_in(it);
   emit((struct pst_record){ .type = PST_REC_COPY, .copy = { PST_COPY_H2D, 8000000, 0x5000, BASE + LAYERS * CHUNK, 0x100, now, now + 200000 } });
   advance(200000);
   synth_alloc_workspace(true);
@@ -180,7 +195,7 @@ static void iteration(int it) {
 static void evaluation(int it) {
   current = it;
   mark_ns[it] = now;
-  emit((struct pst_record){ .type = PST_REC_ITERATION, .iteration = { (uint64_t)it, 4 } });
+  mark(it, 4);
   for (uint32_t l = LAYERS - 4; l < LAYERS; l++) launch("ampere_bf16_gemm_eval", l, it, 0, false);
 }
 
@@ -218,9 +233,10 @@ int main(int argc, char **argv) {
   printf("least-run %llu\n", (unsigned long long)budgets[0]);
   printf("least-paged %.1f\n", (double)paged_in[ITERS - 2] / 1e6); /* the report's window */
   for (int it = WARMUP; it < ITERS - 1; it++) /* the laps between the steady marks */
-    printf("lap %d %.3f %.3f %d %.2f %.2f %.2f\n", it, (double)(mark_ns[it] - T0) / 1e9,
+    printf("lap %d %.3f %.3f %d %.2f %.2f %.2f %llu %llu\n", it, (double)(mark_ns[it] - T0) / 1e9,
            (double)(mark_ns[it + 1] - mark_ns[it]) / 1e9, LAYERS * 5, (double)paged_in[it] / 1e9,
-           (double)(LAYERS * 16 * MIB) / 1e9, (double)paged_out[it] / 1e9);
+           (double)(LAYERS * 16 * MIB) / 1e9, (double)paged_out[it] / 1e9, (unsigned long long)pager_ms(it),
+           (unsigned long long)late_in(it));
   printf("expect app copy h2d|%.3f|%d\n", 8.0 * ITERS, ITERS);
   printf("expect app copy d2h|%.3f|%d\n", 0.004 * ITERS, ITERS);
   for (int d = 0; d < 2; d++)

@@ -213,6 +213,36 @@ static void test_corrupt_record_in_a_sound_block(void **state) {
   unlink(path);
 }
 
+/* An ITERATION record as version 1 first wrote it (16 bytes, no pager totals), or cut inside
+ * the totals, reads as a mark without them; a whole one keeps them. */
+static void test_iteration_without_pager_totals(void **state) {
+  (void)state;
+  const struct pst_record in = { .type = PST_REC_ITERATION, .ts_ns = 7,
+                                 .iteration = { .iteration = 3, .period = 433, .pager_ns = 9, .turns_ns = 8,
+                                                .late_waits = 2, .late_wait_ns = 1 } };
+  uint8_t buf[128];
+  const size_t n = pst_encode_record(&in, buf);
+  assert_int_equal(n, PST_RECORD_HEADER_SIZE + 16 + 32);
+  struct pst_decode_scratch s = { 0 };
+  struct pst_record got;
+  size_t used;
+  assert_int_equal(pst_decode_record(buf, n, &got, &used, &s), PST_DECODE_OK);
+  assert_true(got.iteration.has_pager);
+  assert_int_equal(got.iteration.pager_ns, 9);
+  assert_int_equal(got.iteration.late_wait_ns, 1);
+  for (uint32_t len = 16; len < 48; len += 8) {
+    memcpy(buf + 4, &len, sizeof len); /* the payload length, after u16 type and u16 flags */
+    assert_int_equal(pst_decode_record(buf, PST_RECORD_HEADER_SIZE + len, &got, &used, &s), PST_DECODE_OK);
+    assert_int_equal(used, PST_RECORD_HEADER_SIZE + len);
+    assert_int_equal(got.iteration.iteration, 3);
+    assert_int_equal(got.iteration.period, 433);
+    assert_false(got.iteration.has_pager);
+    assert_int_equal(got.iteration.pager_ns, 0);
+  }
+  free(s.frames);
+  free(s.ptrs);
+}
+
 static void test_foreign_files(void **state) {
   (void)state;
   size_t size;
@@ -254,6 +284,7 @@ int main(void) {
     cmocka_unit_test(test_corrupt_record_in_a_sound_block),
     cmocka_unit_test(test_reads_past_a_bad_block),
     cmocka_unit_test(test_foreign_files),
+    cmocka_unit_test(test_iteration_without_pager_totals),
   };
   return cmocka_run_group_tests(tests, NULL, remove_small);
 }

@@ -88,7 +88,8 @@ static void test_every_kind(void **state) {
       .migration = { 3, PST_DIR_D2H, PST_REASON_EVICT, 64u << 20, 4000, 5000 } },
     { .type = PST_REC_SYNC, .ts_ns = 1007, .sync = { PST_SYNC_STREAM, 7 } },
     { .type = PST_REC_SAMPLE, .ts_ns = 1008, .sample = { 1, 2, 3, 4 } },
-    { .type = PST_REC_ITERATION, .ts_ns = 1009, .iteration = { 12, 345 } },
+    { .type = PST_REC_ITERATION, .ts_ns = 1009,
+      .iteration = { .iteration = 12, .period = 345, .pager_ns = 6, .turns_ns = 5, .late_waits = 4, .late_wait_ns = 3 } },
     { .type = PST_REC_NOTE, .ts_ns = 1010, .note = { 0, "CUPTI unavailable" } },
   };
   for (size_t i = 0; i < sizeof in / sizeof *in; i++) pst_trace_emit(&in[i]);
@@ -172,6 +173,11 @@ static void test_every_kind(void **state) {
     case PST_REC_ITERATION:
       assert_int_equal(got->iteration.iteration, 12);
       assert_int_equal(got->iteration.period, 345);
+      assert_true(got->iteration.has_pager);
+      assert_int_equal(got->iteration.pager_ns, 6);
+      assert_int_equal(got->iteration.turns_ns, 5);
+      assert_int_equal(got->iteration.late_waits, 4);
+      assert_int_equal(got->iteration.late_wait_ns, 3);
       break;
     }
   }
