@@ -2,7 +2,8 @@
  * with cuMemCreate and kept for reuse (making them is slow: ~30 us on the GPU, ~20 ms per
  * 64 MiB on the host). Host frames are made ahead by pool threads once GPU frames run
  * low, so spilling past the GPU budget does not stall the allocating thread; each host
- * frame a program thread still has to make itself doubles what the pool keeps ready. */
+ * frame a program thread still has to make itself doubles what the pool keeps ready (up to
+ * 1 GiB and a sixteenth of the host budget). */
 #include "allocator/allocator_internal.h"
 #include "comm/comm.h"
 
@@ -197,9 +198,10 @@ uint32_t psa_frame_take(struct device *d, enum psa_where where)
     d->stats.frame_make_ns += psa_now_ns() - start;
     /* A host frame the pool had not made ahead: spills outrun it, so it keeps more ready
      * (on the 2.68B GPT at 3x over budget the program threads made 15 s of host frames in
-     * the first step, bench/results/README.md). */
+     * the first step, bench/results/README.md), up to 1 GiB and a sixteenth of the host
+     * budget: the frames it keeps idle are pinned memory that the node's ranks share. */
     if (id != PSA_NO_FRAME && where == PSA_HOST && d->pool.running &&
-        d->pool.target < PSA_POOL_MOST / d->chunk_size) {
+        d->pool.target < PSA_POOL_MOST / d->chunk_size && d->pool.target * 2 <= d->fr.host_limit / 16) {
       d->pool.target *= 2;
       pthread_cond_broadcast(&d->pool.wake);
     }
