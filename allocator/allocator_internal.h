@@ -17,8 +17,6 @@
  * starts no move (a copy a launch would wait for, queued behind many others, stalls it).
  * In bytes, so smaller chunks move as fast; at least 8 chunks. */
 #define PSA_PLAN_BYTES (512ull << 20)
-#define PSA_POOL_THREADS 4      /* threads making host frames ahead (bench/frame_make.c) */
-#define PSA_POOL_MOST (1ull << 30) /* host frame bytes the pool keeps made ahead, at most */
 #define PSA_USER_MARKS 4        /* streams whose use of a chunk is tracked at once */
 #define PSA_USES 32             /* recent uses remembered per chunk, to predict the next: a
                                    chunk used more often per iteration counts as always due */
@@ -150,14 +148,13 @@ struct device {
     uint32_t in_making[3]; /* by where */
     pthread_cond_t made_one;
   } fr;
-  /* The host frame pool's threads (frames.c): d->lock; wake is a condition on it.
-   * `threads` is written before the threads run. */
+  /* The host frame pool's thread (frames.c): d->lock; wake is a condition on it. `thread`
+   * is written once before the thread runs. */
   struct {
-    pthread_t threads[PSA_POOL_THREADS];
-    uint32_t nthreads;
+    pthread_t thread;
     pthread_cond_t wake;
     bool running;
-    uint32_t target; /* host frames kept made ahead */
+    uint32_t target;
   } pool;
   /* Paging (pager.c, plan_exec.c): d->lock. */
   struct {

@@ -1,9 +1,7 @@
 /* Frames: physical memory of one chunk each, on the GPU or in pinned host memory, made
  * with cuMemCreate and kept for reuse (making them is slow: ~30 us on the GPU, ~20 ms per
- * 64 MiB on the host). Host frames are made ahead by pool threads once GPU frames run
- * low, so spilling past the GPU budget does not stall the allocating thread; each host
- * frame a program thread still has to make itself doubles what the pool keeps ready (up to
- * 1 GiB and a sixteenth of the host budget). */
+ * 64 MiB on the host). Host frames are made ahead by a pool thread once GPU frames run
+ * low, so spilling past the GPU budget does not stall the allocating thread. */
 #include "allocator/allocator_internal.h"
 #include "comm/comm.h"
 
@@ -123,16 +121,12 @@ static void *pool_main(void *arg)
   psa_relax(true); /* for good: making frames must not break another thread's capture */
   pthread_mutex_lock(&d->lock);
   while (d->pool.running) {
-    /* Frames other pool threads are making count as ready: they will be. */
-    bool wanted = d->fr.gpu_held * 4 >= d->fr.gpu_limit * 3 &&
-                  count_free(d, PSA_HOST) + d->fr.in_making[PSA_HOST] < d->pool.target &&
+    bool wanted = d->fr.gpu_held * 4 >= d->fr.gpu_limit * 3 && count_free(d, PSA_HOST) < d->pool.target &&
                   d->stats.host_frames_made < d->fr.host_limit;
     if (!wanted) {
       pthread_cond_wait(&d->pool.wake, &d->lock);
       continue;
     }
-    if (count_free(d, PSA_HOST) + d->fr.in_making[PSA_HOST] + 1 < d->pool.target)
-      pthread_cond_signal(&d->pool.wake); /* more wanted than this one: another thread makes it */
     uint32_t id = make(d, PSA_HOST);
     if (id == PSA_NO_FRAME)
       break;
@@ -160,10 +154,7 @@ CUresult psa_frames_init(struct device *d)
   if (d->fr.host_limit == 0)
     return CUDA_SUCCESS;
   d->pool.running = true;
-  while (d->pool.nthreads < PSA_POOL_THREADS &&
-         !pthread_create(&d->pool.threads[d->pool.nthreads], NULL, pool_main, d))
-    d->pool.nthreads++;
-  if (!d->pool.nthreads) {
+  if (pthread_create(&d->pool.thread, NULL, pool_main, d)) {
     d->pool.running = false;
     ps_log(PS_LOG_WARN, "no host frame pool thread: host frames are made on demand");
   }
@@ -196,15 +187,6 @@ uint32_t psa_frame_take(struct device *d, enum psa_where where)
     uint64_t start = psa_now_ns();
     id = make(d, where);
     d->stats.frame_make_ns += psa_now_ns() - start;
-    /* A host frame the pool had not made ahead: spills outrun it, so it keeps more ready
-     * (on the 2.68B GPT at 3x over budget the program threads made 15 s of host frames in
-     * the first step, bench/results/README.md), up to 1 GiB and a sixteenth of the host
-     * budget: the frames it keeps idle are pinned memory that the node's ranks share. */
-    if (id != PSA_NO_FRAME && where == PSA_HOST && d->pool.running &&
-        d->pool.target < PSA_POOL_MOST / d->chunk_size && d->pool.target * 2 <= d->fr.host_limit / 16) {
-      d->pool.target *= 2;
-      pthread_cond_broadcast(&d->pool.wake);
-    }
     if (id != PSA_NO_FRAME)
       break;
     /* At the limit, but another thread (the host pool) may be making the last frames. */

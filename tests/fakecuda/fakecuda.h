@@ -27,8 +27,6 @@
  *   FAKECUDA_KERNEL_DELAY_US each kernel sleeps this long on its stream before it runs
  *   FAKECUDA_REMAP_DELAY_US  each cuMemMap sleeps this long first (a slow remap: the range
  *                            stays unmapped meanwhile)
- *   FAKECUDA_HOST_FRAME_DELAY_US each cuMemCreate of host memory sleeps this long (pinning
- *                            host memory is slow: ~1.8 ms per 4 MiB on the H200)
  * A malformed value makes cuInit print one line and return CUDA_ERROR_INVALID_VALUE.
  *
  * fork(): the child has none of the parent's stream worker threads, so a child may only

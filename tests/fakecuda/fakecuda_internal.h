@@ -63,7 +63,7 @@ struct fc_config {
   size_t device_mem;
   size_t host_mem;
   int device_count;
-  _Atomic unsigned copy_delay_us, event_delay_us, kernel_delay_us, remap_delay_us, host_frame_delay_us;
+  _Atomic unsigned copy_delay_us, event_delay_us, kernel_delay_us, remap_delay_us;
 };
 extern struct fc_config fc_cfg;
 /* CUDA_ERROR_NOT_INITIALIZED until cuInit succeeded, else CUDA_SUCCESS. */

@@ -60,7 +60,7 @@ static bool env_uint(const char *name, unsigned dflt, unsigned max, unsigned *ou
 
 static void init_once_fn(void) {
   size_t dev_mem, host_mem;
-  unsigned count, copy_us, event_us, kernel_us, remap_us, host_frame_us;
+  unsigned count, copy_us, event_us, kernel_us, remap_us;
   bool ok = env_size("FAKECUDA_DEVICE_MEM", (size_t)1 << 30, &dev_mem);
   ok &= env_size("FAKECUDA_HOST_MEM", (size_t)4 << 30, &host_mem);
   ok &= env_uint("FAKECUDA_DEVICE_COUNT", 1, FC_MAX_DEVICES, &count);
@@ -68,7 +68,6 @@ static void init_once_fn(void) {
   ok &= env_uint("FAKECUDA_EVENT_DELAY_US", 0, 60000000, &event_us);
   ok &= env_uint("FAKECUDA_KERNEL_DELAY_US", 0, 60000000, &kernel_us);
   ok &= env_uint("FAKECUDA_REMAP_DELAY_US", 0, 60000000, &remap_us);
-  ok &= env_uint("FAKECUDA_HOST_FRAME_DELAY_US", 0, 60000000, &host_frame_us);
   if (!ok) {
     init_result = CUDA_ERROR_INVALID_VALUE;
     return;
@@ -80,7 +79,6 @@ static void init_once_fn(void) {
   atomic_store(&fc_cfg.event_delay_us, event_us);
   atomic_store(&fc_cfg.kernel_delay_us, kernel_us);
   atomic_store(&fc_cfg.remap_delay_us, remap_us);
-  atomic_store(&fc_cfg.host_frame_delay_us, host_frame_us);
   if (count == 0) {
     init_result = CUDA_ERROR_NO_DEVICE;
     return;

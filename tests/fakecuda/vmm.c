@@ -231,7 +231,6 @@ static CUresult mem_create(CUmemGenericAllocationHandle *handle, size_t size, co
   if (r != CUDA_SUCCESS) return r;
   if (prop->requestedHandleTypes & ~(unsigned)CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
   if (prop->allocFlags.compressionType || prop->allocFlags.usage) return CUDA_ERROR_NOT_SUPPORTED;
-  if (dev == FC_HOST) fc_sleep_us(atomic_load(&fc_cfg.host_frame_delay_us));
   if (!fc_charge(dev, size)) return CUDA_ERROR_OUT_OF_MEMORY;
   struct fc_frame *f = calloc(1, sizeof *f);
   int fd = memfd_create("fakecuda-frame", MFD_CLOEXEC);

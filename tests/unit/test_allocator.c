@@ -1050,46 +1050,6 @@ static void test_both_budgets_exhausted(void **state)
   assert_int_equal(in_child(exhaust, NULL), 0);
 }
 
-/* ---- host frames are made ahead, in step with spills ---- */
-
-#define SPILLS 48
-#define HOST_FRAME_US 3000 /* each host frame takes this long to make */
-
-/* A program that spills past the GPU budget one chunk at a time, working 1 ms between
- * allocations, while a host frame takes 3 ms to make: one pool thread keeping four frames
- * ahead cannot keep up (the program made 16 of its 48 host frames itself), several threads
- * with a target that grows can. */
-static void spill_steadily(void *arg)
-{
-  (void)arg;
-  setenv("FAKECUDA_HOST_FRAME_DELAY_US", "3000", 1);
-  start("4M", "512M"); /* two GPU frames of 2M */
-  CUdeviceptr p[SPILLS + 2];
-  for (int i = 0; i < SPILLS + 2; i++) {
-    if (psa_alloc(0, 2 << 20, PSA_SYNC_STREAM, &p[i]))
-      exit(50);
-    struct timespec work = {0, 1000000};
-    nanosleep(&work, NULL);
-  }
-  struct psa_stats s;
-  psa_stats_get(&s);
-  uint64_t made_here = s.frame_make_ns / (HOST_FRAME_US * 1000ull);
-  fprintf(stderr, "spills: %llu host frames made, %.1f ms of it on the program's thread (about %llu frames)\n",
-          (unsigned long long)s.host_frames_made, (double)s.frame_make_ns / 1e6, (unsigned long long)made_here);
-  if (s.peak_host_frames < SPILLS)
-    exit(51);
-  if (made_here * 5 > SPILLS) /* more than a fifth */
-    exit(52);
-  for (int i = 0; i < SPILLS + 2; i++)
-    psa_free(p[i], 0, true);
-}
-
-static void test_host_frames_made_ahead(void **state)
-{
-  (void)state;
-  assert_int_equal(in_child(spill_steadily, NULL), 0);
-}
-
 /* ---- migration keeps every live byte, and only live bytes are copied ---- */
 
 static void migrate_roundtrip(void *arg)
@@ -1263,7 +1223,6 @@ int main(void)
       cmocka_unit_test(test_growing_span_is_not_reclaimed),
       cmocka_unit_test(test_ram_limit_follows_cgroup),
       cmocka_unit_test(test_both_budgets_exhausted),
-    cmocka_unit_test(test_host_frames_made_ahead),
       cmocka_unit_test(test_migrate_roundtrip),
       cmocka_unit_test(test_budget_above_device),
       cmocka_unit_test(test_two_devices),
