@@ -30,7 +30,7 @@ static bool trusted; /* period's boundaries have come back to the same live byte
 static uint64_t live_at_boundary, allocs_at_boundary; /* at period's last boundary (NO_LIVE: none yet) */
 static _Atomic uint32_t adopted; /* period once trusted (else 0), readable without the lock */
 static uint64_t adopted_at; /* launches fed when it was */
-static bool fresh; /* trusted since the last boundary: the next one starts the steady count anew */
+static bool fresh; /* trusted at this boundary: it starts the steady count anew */
 /* Live bytes and allocations made as each launch was fed (fed & (HISTORY - 1)), so that a
  * period the detector gives can be judged on the boundaries it already passed. */
 static struct {
@@ -78,9 +78,11 @@ static void trust_if_steady(void)
 }
 
 /* Whether period p's last two boundaries before `next` (its next one) found the same live
- * bytes, by the rule trust_if_steady applies as boundaries come. Then it is trusted once
- * confirmed, without waiting for more boundaries: at 3x over budget on the 2.68B GPT every
- * step before trust took 17-29 s against 1.76 s after (bench/results/README.md). */
+ * bytes, by the rule trust_if_steady applies as boundaries come. Then the next boundary
+ * can trust it without waiting two more iterations: at 3x over budget on the 2.68B GPT
+ * every step before trust took 17-29 s against 1.76 s after (bench/results/README.md).
+ * Trusting it at once, mid-iteration, saved 10 s of a 3x run's warm-up but its steady
+ * steps came out slower at every ratio measured (bench/results/README.md). */
 static bool passed_steady(uint32_t p, uint64_t next)
 {
   uint64_t last = next - p;
@@ -124,8 +126,10 @@ static uint64_t track_iteration(const struct ps_moment *l)
         period = p;
         distrust();
         next_boundary = next;
-        if (seen) /* confirmed, and the boundaries it passed were steady */
-          trust();
+        if (seen) { /* the next boundary trusts it, if steady once more */
+          live_at_boundary = history[(next - p) & (HISTORY - 1)].live;
+          allocs_at_boundary = history[(next - p) & (HISTORY - 1)].allocs;
+        }
       } else {
         /* A new candidate is confirmed (or not) two of its periods later, not after the
          * doubling wait: a 24-launch loop asked at 130 and 260 launches would otherwise
@@ -148,7 +152,7 @@ static uint64_t track_iteration(const struct ps_moment *l)
     boundary = trusted;
   }
   uint64_t it = boundary ? ++iteration : iteration;
-  bool first = boundary && fresh; /* the first boundary since trust */
+  bool first = boundary && fresh; /* the boundary that trusted the period */
   fresh &= !boundary;
   uint32_t per = period;
   uint64_t position = per ? (fed + per - next_boundary) % per : 0; /* next_boundary is in (fed, fed + per] */

@@ -252,17 +252,16 @@ s, scale = json.load(open(sys.argv[1])), int(sys.argv[2])
 print(f"  period {s['period']}, moves to GPU {s['migrations_to_gpu']}, to host {s['migrations_to_host']}, "
       f"host touches {s['touches_host']} of {s['touches_gpu'] + s['touches_host']}, peak live {s['peak_live_bytes'] >> 20} MiB")
 assert s["period"] == 433, "the trace's 433-launch iteration was not found"
-# Periodic from about launch 1765; trusted at launch 2456 when it is trusted once confirmed
-# if the boundaries it passed were steady, 2631 when a boundary still to come had to agree
-# too, 3930 when only boundaries still to come counted.
-assert s["period_adopted_at"] <= 2550, f"the period was trusted late, at launch {s['period_adopted_at']}"
+# Periodic from about launch 1765; trusted at launch 2631 when the boundaries it passed
+# already count, 3930 when only boundaries still to come do.
+assert s["period_adopted_at"] <= 3500, f"the period was trusted late, at launch {s['period_adopted_at']}"
 # It must page out. Fetches depend on when chunks fall quiet on the test driver's threads:
 # the period is trusted about a step after the detector first gives it, which leaves few
 # steps to fetch in: runs here made 1 to 192 at scale 1, and some none. Case train_auto checks
 # that chunks move both ways.
 assert s["migrations_to_host"] > 0, "the pager did not move chunks out"
 # The steady iteration: one per pair of boundaries of the period trusted last, the first
-# after trust left out (its first boundary comes up to a period after trust).
+# after trust left out.
 whole = (s["launches"] - s["period_adopted_at"]) // s["period"]
 assert whole - 2 <= s["steady_iterations"] <= whole - 1, f"steady iterations {s['steady_iterations']} of {whole}"
 assert 0 < s["steady_launch_ns"] < s["steady_wall_ns"], "the pager's share of the steady iteration"
