@@ -159,10 +159,20 @@ class Run:
     log_path: str = ""
     stats_path: str | None = None
     skip_reason: str | None = None
+    build: str | None = None    # the psshim library's build (tests/gpu/pack.sh's LIB.commit)
 
     def shell(self) -> str:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
         return (env + " " if env else "") + shlex.join(self.argv)
+
+
+def build_of(lib: str | None) -> str | None:
+    """The build tests/gpu/pack.sh wrote beside a library (LIB.commit), or None."""
+    try:
+        with open(f"{lib}.commit") as f:
+            return f.read().strip() or None
+    except (OSError, TypeError):
+        return None
 
 
 def train_argv(a: argparse.Namespace, json_path: str, *flags: str) -> list:
@@ -191,6 +201,7 @@ def make_run(a, method: str, ratio: float | None, budget: int | None,
         # libunwind beside it: the GPU machine may lack it).
         libs = os.environ.get("LD_LIBRARY_PATH")
         lib = a.psshim_lib_base if method == "psshim-auto-base" else a.psshim_lib
+        run.build = build_of(lib)
         run.env = {"LD_PRELOAD": lib or "<libpsshim.so>",
                    "PSSHIM_GPU_BUDGET": budget_text,
                    "PSSHIM_POLICY": method.split("-")[1],
@@ -338,6 +349,8 @@ def record(run: Run, outcome: dict, native: dict | None) -> dict:
     rec = {"name": run.name, "method": run.method, "ratio": run.ratio,
            "budget_bytes": run.budget, "command": run.shell(), "log": run.log_path,
            "json": run.json_path}
+    if run.build:
+        rec["build"] = run.build
     if outcome is None:
         rec["status"] = "skipped"
         rec["reason"] = run.skip_reason

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds psshim here (release) and packs what the GPU machine needs into .gpu/, which the
 # device call carries: libpsshim.so, psshim-report, the driver probe, and libunwind (the
-# GPU machine has no package registry and may lack it).
+# GPU machine has no package registry and may lack it). Each library's build is written
+# beside it (LIB.commit, read by bench/paging_sweep.py into each run), and .gpu/commit
+# names the main one.
 # PACK_BASE=COMMIT: also libpsshim-base.so, built from that commit, for before/after runs
 # in one call (bench/paging_sweep.py --psshim-lib-base, method psshim-auto-base).
 # PACK_VARIANTS="NAME ...": also libpsshim-NAME.so, built from HEAD with
@@ -13,6 +15,7 @@ cd "$(dirname "$0")/../.."
 ninja -C build-gpu >/dev/null
 rm -rf .gpu && mkdir -p .gpu
 cp build-gpu/libpsshim.so build-gpu/tools/psshim-report build-gpu/tests/integration/driver_probe .gpu/
+git describe --always --dirty | tee .gpu/commit >.gpu/libpsshim.so.commit
 for lib in $(ldd build-gpu/libpsshim.so build-gpu/tools/psshim-report | awk '/libunwind|libjemalloc/ {print $3}' | sort -u); do
   cp -L "$lib" .gpu/
 done
@@ -25,6 +28,7 @@ build_at() { # rev, patch or "", output name
   meson setup "$wt/build" "$wt" --buildtype=release -Dtoolkit="${CUDA_HOME:-/usr/local/cuda}" >/dev/null
   ninja -C "$wt/build" libpsshim.so >/dev/null
   cp "$wt/build/libpsshim.so" ".gpu/$3"
+  echo "$(git -C "$wt" rev-parse --short HEAD)${2:+ with $(basename "$2")}" >".gpu/$3.commit"
   git worktree remove --force "$wt"
 }
 [ -z "${PACK_BASE:-}" ] || build_at "$PACK_BASE" "" libpsshim-base.so

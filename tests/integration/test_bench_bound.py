@@ -33,3 +33,14 @@ row = [line for line in text.splitlines() if "psshim-auto" in line]
 assert len(row) == 1 and row[0].split()[2:] == ["5", "1.600", "32.0", "2.0", "12.0", "30.00", "20.00", "13.50", "0"], text
 assert paging_sweep.steady_table({"runs": [{"ratio": 1.5, "method": "fsdp-offload"}]}) is None
 print("serial bound and steady iteration ok")
+
+# A run names the build tests/gpu/pack.sh wrote beside its library; no file, no build.
+import tempfile  # noqa: E402
+with tempfile.TemporaryDirectory() as d:
+    lib = os.path.join(d, "libpsshim.so")
+    with open(lib + ".commit", "w") as f:
+        f.write("4a30fa6\n")
+    assert paging_sweep.build_of(lib) == "4a30fa6"
+    assert paging_sweep.build_of(os.path.join(d, "libpsshim-base.so")) is None
+    assert paging_sweep.build_of(None) is None
+print("build ok")
