@@ -457,62 +457,67 @@ static bool waits(struct chunk *c, uint64_t now, uint64_t period, bool crowded)
   return crowded && c->last_use && predicted_next(c, now, period) >= now + period / MARGIN_LOOKAHEAD;
 }
 
-/* The chunks in `w` frames that a move might take now (in use or being copied: not),
- * with predicted next uses, in the order to consider them: for fetches (host) the soonest
- * first, for victims (GPU) the farthest first. Returns how many. */
-static size_t candidates(struct device *d, enum psa_where w, uint64_t now, uint64_t period, bool crowded,
-                         psp_cand *out)
-{
-  size_t n = 0;
-  for (uint64_t i = 0; i < d->space.chunks_high; i++) {
-    struct chunk *c = &d->chunks[i];
-    /* A chunk used within the last PSSHIM_RUNAHEAD launches is most likely still queued. */
-    if (!on(d, c, w) || c->in_flight || c->copy || !c->last_use || c->last_use + ps_options.runahead > now)
-      continue;
-    /* Victims are model data and young chunks that wait: the other young keep their
-     * frames (the margin), and an empty span's frame goes to the next allocation anyway. */
-    if (w == PSA_GPU && (!c->span->live_allocs || (young(c->span, now, period) && !waits(c, now, period, crowded))))
-      continue;
-    uint64_t next = predicted_next(c, now, period);
-    if (w == PSA_HOST && (next == PSP_NEVER ||
-                          !psp_fetch_pays(psp_uses_within(c->uses, PSA_USES, now, period), use_ns(d), d->pager.move_ns_mean)))
-      continue; /* not expected soon, or cheaper read in place */
-    /* Fetches want the soonest: the victims' order with next uses reversed. */
-    out[n++] = (psp_cand){.chunk = (uint32_t)i, .bytes = d->chunk_size, .dirty = true,
-                          .next_use = w == PSA_GPU ? next : PSP_NEVER - next};
-  }
-  /* A plan takes few: only those worth sorting. */
-  size_t k = 4 * (size_t)plan_moves(d);
-  psp_sort_farthest(out, n, k);
-  return n < k ? n : k;
-}
+/* What a plan needs of the chunks, in one pass over them (at 3x over budget on the 2.68B
+ * GPT, three passes over its ~11,600 chunks took most of a plan's time: ~55 ms of a 1.9 s
+ * step, bench/results/README.md):
+ * - frames that young spans hold (the iteration's activations and other short-lived
+ *   allocations): in all, and of those the ones that wait (anywhere) and the others on the
+ *   GPU; and GPU frames that are free or soon free: unused, held by empty spans (an
+ *   allocation takes them back), or leaving with a page-out's copy;
+ * - the chunks a move might take now (in use or being copied: not), with predicted next
+ *   uses, in the order to consider them: host chunks to fetch (into `fetch`, unless NULL)
+ *   the soonest first, GPU chunks to page out (into `victims`, unless NULL) the farthest
+ *   first. */
+struct survey {
+  uint64_t young_all, waiting, young_gpu, room;
+  size_t nfetch, nvictims;
+};
 
-/* Frames that young spans hold (the iteration's activations and other short-lived
- * allocations): in all, and of those the ones that wait (anywhere) and the others on the
- * GPU; and GPU frames that are free or soon free: unused, held by empty spans (an
- * allocation takes them back), or leaving with a page-out's copy. */
-static void count_frames(struct device *d, uint64_t now, uint64_t period, bool crowded, uint64_t *young_all,
-                         uint64_t *waiting, uint64_t *young_gpu, uint64_t *room)
+static void survey(struct device *d, uint64_t now, uint64_t period, bool crowded, struct survey *s, psp_cand *fetch,
+                   psp_cand *victims)
 {
-  *young_all = *waiting = *young_gpu = 0;
-  *room = d->fr.gpu_limit - d->fr.gpu_held;
+  *s = (struct survey){.room = d->fr.gpu_limit - d->fr.gpu_held};
   for (uint64_t i = 0; i < d->space.chunks_high; i++) {
     struct chunk *c = &d->chunks[i];
     if (c->frame == PSA_NO_FRAME)
       continue;
-    bool gpu = on(d, c, PSA_GPU);
-    if (!c->span->live_allocs) {
-      *room += gpu;
-    } else if (young(c->span, now, period)) {
-      ++*young_all;
-      if (waits(c, now, period, crowded))
-        ++*waiting;
-      else
-        *young_gpu += gpu;
+    bool gpu = on(d, c, PSA_GPU), live = c->span->live_allocs, yng = live && young(c->span, now, period);
+    bool waiting = yng && waits(c, now, period, crowded);
+    s->room += gpu && !live;
+    s->young_all += yng;
+    s->waiting += waiting;
+    s->young_gpu += gpu && yng && !waiting;
+    /* A chunk used within the last PSSHIM_RUNAHEAD launches is most likely still queued. */
+    if (c->in_flight || c->copy || !c->last_use || c->last_use + ps_options.runahead > now)
+      continue;
+    if (gpu && victims) {
+      /* Victims are model data and young chunks that wait: the other young keep their
+       * frames (the margin), and an empty span's frame goes to the next allocation anyway. */
+      if (live && (!yng || waiting))
+        victims[s->nvictims++] = (psp_cand){.chunk = (uint32_t)i, .bytes = d->chunk_size, .dirty = true,
+                                            .next_use = predicted_next(c, now, period)};
+    } else if (!gpu && fetch) {
+      uint64_t next = predicted_next(c, now, period);
+      /* Not expected soon, or cheaper read in place: not fetched. Fetches want the soonest:
+       * the victims' order with next uses reversed. */
+      if (next != PSP_NEVER &&
+          psp_fetch_pays(psp_uses_within(c->uses, PSA_USES, now, period), use_ns(d), d->pager.move_ns_mean))
+        fetch[s->nfetch++] = (psp_cand){.chunk = (uint32_t)i, .bytes = d->chunk_size, .dirty = true,
+                                        .next_use = PSP_NEVER - next};
     }
   }
   for (uint32_t i = 0; i < d->pager.ndeferred; i++)
-    *room += d->fr.frames[d->pager.deferred[i].frame].where == PSA_GPU;
+    s->room += d->fr.frames[d->pager.deferred[i].frame].where == PSA_GPU;
+  /* A plan takes few: only those worth sorting. */
+  size_t k = 4 * (size_t)plan_moves(d);
+  if (fetch) {
+    psp_sort_farthest(fetch, s->nfetch, k);
+    s->nfetch = s->nfetch < k ? s->nfetch : k;
+  }
+  if (victims) {
+    psp_sort_farthest(victims, s->nvictims, k);
+    s->nvictims = s->nvictims < k ? s->nvictims : k;
+  }
 }
 
 /* Frames the iteration's short-lived allocations will hold in the coming part of the
@@ -530,8 +535,9 @@ uint32_t psa_frame_for(struct device *d, uint64_t period, uint64_t need)
   if (d->fr.gpu_held + margin < d->fr.gpu_limit)
     return psa_frame_take(d, PSA_GPU);
   psp_cand *victims = d->pager.cands + d->nchunks;
-  size_t nv = candidates(d, PSA_GPU, d->pager.clock, period, margin > d->fr.gpu_limit, victims);
-  for (size_t v = 0; v < nv && victims[v].next_use > need; v++) {
+  struct survey sv;
+  survey(d, d->pager.clock, period, margin > d->fr.gpu_limit, &sv, NULL, victims);
+  for (size_t v = 0; v < sv.nvictims && victims[v].next_use > need; v++) {
     uint64_t chunk = victims[v].chunk;
     if (!psa_movable(d, chunk) || psa_move(d, chunk, PSA_HOST) != CUDA_SUCCESS)
       continue;
@@ -559,7 +565,6 @@ static void plan(struct device *d, uint64_t now, uint64_t period)
   if (!period)
     return;
   psp_cand *fetch = d->pager.cands, *victims = d->pager.cands + d->nchunks;
-  uint64_t young_all = 0, waiting = 0, young_gpu = 0, room = 0;
   uint32_t most = plan_moves(d);
   if (period != d->pager.predicted_for) { /* predictions made with another period are void */
     for (uint64_t i = 0; i < d->space.chunks_high; i++)
@@ -569,18 +574,18 @@ static void plan(struct device *d, uint64_t now, uint64_t period)
   uint64_t scan_start = psa_now_ns();
   /* Judged before this moment is noted, since counting needs it. */
   bool crowded = coming_margin(d, now, period) > d->fr.gpu_limit;
-  count_frames(d, now, period, crowded, &young_all, &waiting, &young_gpu, &room);
-  if (young_all > d->pager.margin) /* counted in host frames too: what did not fit counts */
-    d->stats.margin_frames = d->pager.margin = young_all;
-  psp_phase_note(&d->pager.young, now, period, young_all);
+  struct survey sv;
+  survey(d, now, period, crowded, &sv, fetch, victims);
+  d->stats.scan_ns += psa_now_ns() - scan_start;
+  if (sv.young_all > d->pager.margin) /* counted in host frames too: what did not fit counts */
+    d->stats.margin_frames = d->pager.margin = sv.young_all;
+  psp_phase_note(&d->pager.young, now, period, sv.young_all);
   uint64_t margin = coming_margin(d, now, period);
-  margin = margin > waiting ? margin - waiting : 0;
+  margin = margin > sv.waiting ? margin - sv.waiting : 0;
   if (margin > d->fr.gpu_limit)
     margin = d->fr.gpu_limit;
-  uint64_t keep = margin > young_gpu ? margin - young_gpu : 0;
-  size_t nf = candidates(d, PSA_HOST, now, period, crowded, fetch);
-  size_t nv = candidates(d, PSA_GPU, now, period, crowded, victims);
-  d->stats.scan_ns += psa_now_ns() - scan_start;
+  uint64_t keep = margin > sv.young_gpu ? margin - sv.young_gpu : 0, room = sv.room;
+  size_t nf = sv.nfetch, nv = sv.nvictims;
   size_t v = 0, moves = 0;
   d->stats.plans++;
   d->stats.plans_no_fetch += nf == 0;
