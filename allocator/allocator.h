@@ -110,7 +110,7 @@ void psa_usage_reset_high(int ordinal, bool reserved, bool used);
  *   short-lived allocations, in frames;
  * - touches: observed chunk touches served from each kind of frame (auto);
  * - host time of the mover (the thread that pages, pager.c): planning (moves included),
- *   moving (remapping, queueing copies), remapping alone, a plan's scans of the chunks,
+ *   moving (remapping, queueing copies), remapping alone, a plan's survey of the chunks,
  *   polling moves in flight before a plan; waiting for the frame pool to make a frame,
  *   making frames (allocating threads too); the launching threads holding back to
  *   PSSHIM_RUNAHEAD launches ahead, and the run-ahead waits that gave up (the work ahead
