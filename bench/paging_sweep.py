@@ -107,10 +107,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--python", default=sys.executable,
                    help="interpreter for gpt_train.py (default: this one)")
     p.add_argument("--dry-run", action="store_true", help="print the commands and exit")
-    p.add_argument("--merge", nargs="+", metavar="JSON",
+    p.add_argument("--merge", nargs="+", metavar="JSON[:RATIOS][@BUILD]",
                    help="run nothing: join the runs of these sweep JSONs (one preset and peak; "
                         "each run keeps its own call's native reference) into --out, its plot "
-                        "and tables, when one device call cannot hold every ratio")
+                        "and tables, when one device call cannot hold every ratio; only the runs "
+                        "of RATIOS and --methods are kept, and BUILD names the build of psshim "
+                        "runs that do not name one")
     argv = sys.argv[1:] if argv is None else list(argv)
     cut = argv.index("--") if "--" in argv else len(argv)
     a = p.parse_args(argv[:cut])
@@ -614,8 +616,28 @@ def report(a, sweep: dict) -> int:
     return 0
 
 
+def merge_part(item: str, methods: list) -> dict:
+    """One --merge item, PATH[:RATIOS][@BUILD]: the sweep JSON at PATH with only the runs of
+    RATIOS (comma separated; default all) and of `methods`; BUILD names the build of its psshim
+    runs that do not name one (parts run before runs recorded it)."""
+    path, _, build = item.partition("@")
+    path, _, ratios = path.rpartition(":") if ":" in path else (path, "", "")
+    keep = set(parse_floats(ratios)) if ratios else None
+    part = json.load(open(path))
+    part["runs"] = [run for run in part["runs"] if run["method"] in methods
+                    and (keep is None or run["ratio"] in keep)]
+    for run in part["runs"]:
+        if build and run["method"].startswith("psshim") and not run.get("build"):
+            run["build"] = build
+    return part
+
+
 def merge(a) -> int:
-    parts = [json.load(open(path)) for path in a.merge]
+    try:
+        parts = [merge_part(item, a.methods) for item in a.merge]
+    except (OSError, ValueError, KeyError, argparse.ArgumentTypeError) as e:
+        print(f"paging_sweep: --merge: {e}", file=sys.stderr)
+        return 1
     keys = {(part["preset"], part.get("peak_bytes")) for part in parts}
     if len(keys) != 1:
         print(f"paging_sweep: --merge needs sweeps of one preset and peak, got {sorted(keys, key=str)}",

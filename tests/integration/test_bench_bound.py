@@ -44,3 +44,19 @@ with tempfile.TemporaryDirectory() as d:
     assert paging_sweep.build_of(os.path.join(d, "libpsshim-base.so")) is None
     assert paging_sweep.build_of(None) is None
 print("build ok")
+
+# --merge PATH:RATIOS@BUILD keeps only those ratios' runs of --methods and names the build of
+# psshim runs that do not name one.
+import json  # noqa: E402
+with tempfile.TemporaryDirectory() as d:
+    path = os.path.join(d, "part.json")
+    runs = [{"ratio": 1.25, "method": "psshim-auto"}, {"ratio": 1.25, "method": "psshim-auto-base"},
+            {"ratio": 1.25, "method": "fsdp-offload"}, {"ratio": 3.0, "method": "psshim-auto", "build": "old"}]
+    with open(path, "w") as f:
+        json.dump({"runs": runs}, f)
+    part = paging_sweep.merge_part(path + ":1.25@abc", ["psshim-auto", "fsdp-offload"])
+    assert part["runs"] == [{"ratio": 1.25, "method": "psshim-auto", "build": "abc"},
+                            {"ratio": 1.25, "method": "fsdp-offload"}], part
+    part = paging_sweep.merge_part(path + "@abc", ["psshim-auto"])
+    assert [r.get("build") for r in part["runs"]] == ["abc", "old"], part
+print("merge ok")
