@@ -30,7 +30,6 @@ static bool trusted; /* period's boundaries have come back to the same live byte
 static uint64_t live_at_boundary, allocs_at_boundary; /* at period's last boundary (NO_LIVE: none yet) */
 static _Atomic uint32_t adopted; /* period once trusted (else 0), readable without the lock */
 static uint64_t adopted_at; /* launches fed when it was */
-static bool fresh; /* trusted at this boundary: it starts the steady count anew */
 /* Live bytes and allocations made as each launch was fed (fed & (HISTORY - 1)), so that a
  * period the detector gives can be judged on the boundaries it already passed. */
 static struct {
@@ -60,19 +59,15 @@ static bool steady(uint64_t was, uint64_t allocs_was, uint64_t now, uint64_t all
   return was != NO_LIVE && allocs_now > allocs_was && (now > was ? now - was : was - now) < STEADY_SLACK;
 }
 
-static void trust(void)
-{
-  trusted = fresh = true;
-  adopted_at = fed;
-  atomic_store_explicit(&adopted, period, memory_order_relaxed);
-}
-
 static void trust_if_steady(void)
 {
   uint64_t now, allocs;
   psa_live_now(&now, &allocs);
-  if (steady(live_at_boundary, allocs_at_boundary, now, allocs))
-    trust();
+  if (steady(live_at_boundary, allocs_at_boundary, now, allocs)) {
+    trusted = true;
+    adopted_at = fed;
+    atomic_store_explicit(&adopted, period, memory_order_relaxed);
+  }
   live_at_boundary = now;
   allocs_at_boundary = allocs;
 }
@@ -81,8 +76,8 @@ static void trust_if_steady(void)
  * bytes, by the rule trust_if_steady applies as boundaries come. Then the next boundary
  * can trust it without waiting two more iterations: at 3x over budget on the 2.68B GPT
  * every step before trust took 17-29 s against 1.76 s after (bench/results/README.md).
- * Trusting it at once, mid-iteration, saved 10 s of a 3x run's warm-up but its steady
- * steps came out slower at every ratio measured (bench/results/README.md). */
+ * Trusting it at once, mid-iteration, saved a slow step at 3x (11-13 s) but made the steady
+ * step at 1.25x 7% slower in a same-call pair (bench/results/README.md). */
 static bool passed_steady(uint32_t p, uint64_t next)
 {
   uint64_t last = next - p;
@@ -144,7 +139,7 @@ static uint64_t track_iteration(const struct ps_moment *l)
     }
     candidate = found ? p : 0;
   }
-  bool boundary = period && fed >= next_boundary;
+  bool boundary = period && fed >= next_boundary, trusted_before = trusted;
   if (boundary) {
     next_boundary += period;
     if (!trusted)
@@ -152,14 +147,12 @@ static uint64_t track_iteration(const struct ps_moment *l)
     boundary = trusted;
   }
   uint64_t it = boundary ? ++iteration : iteration;
-  bool first = boundary && fresh; /* the boundary that trusted the period */
-  fresh &= !boundary;
   uint32_t per = period;
   uint64_t position = per ? (fed + per - next_boundary) % per : 0; /* next_boundary is in (fed, fed + per] */
   pthread_mutex_unlock(&period_lock);
   if (boundary) {
     struct psa_stats s;
-    psa_stats_boundary(first, &s);
+    psa_stats_boundary(!trusted_before, &s); /* the boundary that trusted it starts anew */
     struct pst_record r = {.type = PST_REC_ITERATION,
                            .iteration = {.iteration = it, .period = per, .pager_ns = s.launch_ns,
                                          .turns_ns = s.plan_ns, .late_waits = s.late_waits,
