@@ -55,7 +55,6 @@ static uint64_t nkept; /* iterations recorded; the newest STEADY_KEEP are in kep
 void psa_stats_boundary(bool first, struct psa_stats *taken)
 {
   psa_stats_get(taken);
-  const struct psa_stats now = *taken;
   uint64_t t = psa_now_ns();
   pthread_mutex_lock(&steady_lock);
   if (first) /* a period newly trusted: a first step's short stretches are no iteration */
@@ -63,12 +62,12 @@ void psa_stats_boundary(bool first, struct psa_stats *taken)
   else if (boundary_ns) {
     struct iteration_cost *c = &kept[nkept++ % STEADY_KEEP];
     c->wall_ns = t - boundary_ns;
-#define STEADY_DELTA(name) c->name = now.name - at_boundary.name;
+#define STEADY_DELTA(name) c->name = taken->name - at_boundary.name;
     PSA_STEADY_FIELDS(STEADY_DELTA)
 #undef STEADY_DELTA
     c->pager_permille = c->wall_ns ? 1000 * c->launch_ns / c->wall_ns : 0;
   }
-  at_boundary = now;
+  at_boundary = *taken;
   boundary_ns = t;
   pthread_mutex_unlock(&steady_lock);
 }

@@ -77,7 +77,7 @@ struct rp_lap {
   /* the pager's, from the marks' totals where both have them (has_pager): the launching
    * threads' time in it, its turns' time, and launches that waited for a remap */
   bool has_pager;
-  uint64_t pager_ns, turns_ns, late_waits, late_wait_ns;
+  uint64_t pager_ns, turns_ns, late_waits;
   enum rp_phase phase;
 };
 struct rp_laps {

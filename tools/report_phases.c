@@ -63,13 +63,11 @@ bool rp_laps_build(const struct rp_trace *t, const struct rp_chunks *cs, struct 
         const struct pst_record *o = &t->ev[p->mark];
         p->has_pager = o->iteration.has_pager && r->iteration.has_pager &&
                        r->iteration.pager_ns >= o->iteration.pager_ns && r->iteration.turns_ns >= o->iteration.turns_ns &&
-                       r->iteration.late_waits >= o->iteration.late_waits &&
-                       r->iteration.late_wait_ns >= o->iteration.late_wait_ns; /* damaged totals: none */
+                       r->iteration.late_waits >= o->iteration.late_waits; /* damaged totals: none */
         if (p->has_pager) {
           p->pager_ns = r->iteration.pager_ns - o->iteration.pager_ns;
           p->turns_ns = r->iteration.turns_ns - o->iteration.turns_ns;
           p->late_waits = r->iteration.late_waits - o->iteration.late_waits;
-          p->late_wait_ns = r->iteration.late_wait_ns - o->iteration.late_wait_ns;
         }
       }
       if (seen < out->n)
