@@ -17,9 +17,9 @@
  * starts no move (a copy a launch would wait for, queued behind many others, stalls it).
  * In bytes, so smaller chunks move as fast; at least 8 chunks. */
 #define PSA_PLAN_BYTES (512ull << 20)
-#define PSA_USER_MARKS 4        /* streams whose use of a chunk is tracked at once */
-#define PSA_USES 32             /* recent uses remembered per chunk, to predict the next: a
-                                   chunk used more often per iteration counts as always due */
+#define PSA_USER_MARKS 4        /* streams whose use of a span is tracked at once */
+#define PSA_USES 32             /* recent uses remembered per span, to predict the next: a
+                                   span used more often per iteration counts as always due */
 
 /* Physical memory of one chunk's size, with a fixed second mapping (staging) through
  * which migration copies into it while the chunk's own addresses still point elsewhere. */
@@ -52,6 +52,15 @@ struct span {
                            process may map its frames, so its chunks never move again */
   uint64_t last_alloc;  /* the device's moment clock at its latest allocation (pager.c) */
   struct span *prev, *next; /* in its device's list for `where` */
+  /* The launches that name it (pager.c): a pointer into a span stands for all of it, as
+   * nothing tells how far a kernel reads from a pointer. */
+  uint32_t in_flight; /* observed launches between their enter and exit */
+  uint32_t nusers;
+  struct psa_mark *users[PSA_USER_MARKS]; /* after the launches that touched it, by stream */
+  uint64_t last_use;
+  uint64_t next_use; /* predicted from uses (0: not yet), valid while later than the plan */
+  uint32_t use_pos;
+  uint64_t uses[PSA_USES]; /* the latest moments that touched it (+1; 0 = empty), a ring */
 };
 
 /* A point in one stream's work, shared (counted) by everything waiting to know it has
@@ -70,19 +79,13 @@ struct deferred_frame {
   struct psa_mark *copy;
 };
 
-/* The fields a plan reads of every chunk come first: one cache line per chunk per scan. */
+/* A chunk's own state: where it is and its move. What launches tell (in flight, used when,
+ * by which streams) is its span's: a launch touches every chunk of a span it names. */
 struct chunk {
   uint32_t frame; /* PSA_NO_FRAME when unmapped */
-  uint32_t in_flight; /* observed launches between their enter and exit (pager.c) */
-  bool moving;        /* a move is remapping it with d->lock dropped: nothing else may touch it (pager.c) */
+  bool moving;    /* a move is remapping it with d->lock dropped: nothing else may touch it (pager.c) */
   struct span *span;
   struct psa_mark *copy; /* its last move's copy, until seen complete */
-  uint64_t last_use;
-  uint64_t next_use; /* predicted from uses (0: not yet), valid while later than the plan */
-  uint32_t nusers;
-  uint32_t use_pos;
-  struct psa_mark *users[PSA_USER_MARKS]; /* after the launches that touched it, by stream */
-  uint64_t uses[PSA_USES]; /* the latest moments that touched it (+1; 0 = empty), a ring */
 };
 
 struct alloc_entry {
@@ -303,6 +306,7 @@ uint32_t psa_frame_for(struct device *d, uint64_t period, uint64_t need);
 /* Whether a move of the chunk may start now: mapped, its own, no launch in flight, every
  * launch that touched it passed, its last move's copy done, its span not being built. */
 bool psa_movable(struct device *d, uint64_t chunk);
+void psa_span_forget_users(struct device *d, struct span *s);
 /* Swaps a host chunk in for a GPU victim, both quiescent: the victim moves to a new host
  * frame, and the chunk onto the victim's GPU frame once the victim's copy out of it is
  * done (ordered on the copy streams, no host wait). False when nothing moved, or the chunk

@@ -80,38 +80,46 @@ static bool mark_passed(struct device *d, struct psa_mark *m, bool sync)
   return true;
 }
 
-/* Drops the chunk's marks that have passed; true when none is left (sync: wait for all). */
-static bool users_passed(struct device *d, struct chunk *c, bool sync)
+/* Drops the span's marks that have passed; true when none is left (sync: wait for all). */
+static bool users_passed(struct device *d, struct span *s, bool sync)
 {
-  for (uint32_t i = 0; i < c->nusers;)
-    if (mark_passed(d, c->users[i], sync)) {
-      mark_put(d, c->users[i]);
-      c->users[i] = c->users[--c->nusers];
+  for (uint32_t i = 0; i < s->nusers;)
+    if (mark_passed(d, s->users[i], sync)) {
+      mark_put(d, s->users[i]);
+      s->users[i] = s->users[--s->nusers];
     } else {
       i++;
     }
-  return c->nusers == 0;
+  return s->nusers == 0;
 }
 
-/* Keeps launch mark m on the chunk. A later mark on the same stream stands for an earlier
+/* Keeps launch mark m on the span. A later mark on the same stream stands for an earlier
  * one, except on the per-thread default stream, whose handle names a different stream on
  * every thread. */
-static void add_user(struct device *d, struct chunk *c, struct psa_mark *m)
+static void add_user(struct device *d, struct span *s, struct psa_mark *m)
 {
-  for (uint32_t i = 0; i < c->nusers; i++)
-    if (c->users[i]->stream == m->stream && m->stream != CU_STREAM_PER_THREAD) {
-      mark_put(d, c->users[i]);
-      c->users[i] = m;
+  for (uint32_t i = 0; i < s->nusers; i++)
+    if (s->users[i]->stream == m->stream && m->stream != CU_STREAM_PER_THREAD) {
+      mark_put(d, s->users[i]);
+      s->users[i] = m;
       m->refs++;
       return;
     }
-  if (c->nusers == PSA_USER_MARKS && !users_passed(d, c, false) && c->nusers == PSA_USER_MARKS) {
+  if (s->nusers == PSA_USER_MARKS && !users_passed(d, s, false) && s->nusers == PSA_USER_MARKS) {
     /* More streams at once than tracked (rare): wait for the oldest. */
-    mark_passed(d, c->users[0], true);
-    users_passed(d, c, false);
+    mark_passed(d, s->users[0], true);
+    users_passed(d, s, false);
   }
-  c->users[c->nusers++] = m;
+  s->users[s->nusers++] = m;
   m->refs++;
+}
+
+/* A span deleted (spans.c) is idle: its frees' events have passed, and with them the work
+ * its marks stand for. */
+void psa_span_forget_users(struct device *d, struct span *s)
+{
+  while (s->nusers)
+    mark_put(d, s->users[--s->nusers]);
 }
 
 /* ---- moves ---- */
@@ -187,9 +195,9 @@ static bool copy_slots_free(const struct device *d, uint32_t n)
 bool psa_movable(struct device *d, uint64_t chunk)
 {
   struct chunk *c = &d->chunks[chunk];
-  return c->frame != PSA_NO_FRAME && c->frame != psa_shared_frame(d) && !c->in_flight && !c->moving &&
+  return c->frame != PSA_NO_FRAME && c->frame != psa_shared_frame(d) && !c->span->in_flight && !c->moving &&
          !c->span->building && !c->span->exported && !atomic_load(&paging_off) &&
-         psa_copy_done(d, chunk, false) && users_passed(d, c, false);
+         psa_copy_done(d, chunk, false) && users_passed(d, c->span, false);
 }
 
 /* Points a chunk's addresses at another frame with d->lock dropped (the caller has marked
@@ -438,13 +446,13 @@ static bool young(const struct span *s, uint64_t now, uint64_t period)
   return now - s->last_alloc < period;
 }
 
-static uint64_t predicted_next(struct chunk *c, uint64_t now, uint64_t period)
+static uint64_t predicted_next(struct span *s, uint64_t now, uint64_t period)
 {
-  /* A prediction later than now stands until the chunk is used again (enter_chunk clears
+  /* A prediction later than now stands until the span is used again (enter_span clears
    * it): the uses within the window that gave it are still within it. */
-  if (c->next_use <= now)
-    c->next_use = psp_predict_next(c->uses, PSA_USES, now, period);
-  return c->next_use;
+  if (s->next_use <= now)
+    s->next_use = psp_predict_next(s->uses, PSA_USES, now, period);
+  return s->next_use;
 }
 
 /* Whether a chunk of the iteration's own allocations waits beyond the margin's window for
@@ -452,9 +460,9 @@ static uint64_t predicted_next(struct chunk *c, uint64_t now, uint64_t period)
  * pass far ahead), in a part of the iteration whose own allocations outgrow the GPU
  * (`crowded`, see coming_margin): then it needs no GPU frame for that part, and gives its
  * frame to the allocations made meanwhile. A chunk not used yet does not wait. */
-static bool waits(struct chunk *c, uint64_t now, uint64_t period, bool crowded)
+static bool waits(struct span *s, uint64_t now, uint64_t period, bool crowded)
 {
-  return crowded && c->last_use && predicted_next(c, now, period) >= now + period / MARGIN_LOOKAHEAD;
+  return crowded && s->last_use && predicted_next(s, now, period) >= now + period / MARGIN_LOOKAHEAD;
 }
 
 /* What a plan needs of the chunks, in one pass over them (at 3x over budget on the 2.68B
@@ -481,27 +489,28 @@ static void survey(struct device *d, uint64_t now, uint64_t period, bool crowded
     struct chunk *c = &d->chunks[i];
     if (c->frame == PSA_NO_FRAME)
       continue;
-    bool gpu = on(d, c, PSA_GPU), live = c->span->live_allocs, yng = live && young(c->span, now, period);
-    bool waiting = yng && waits(c, now, period, crowded);
+    struct span *sp = c->span;
+    bool gpu = on(d, c, PSA_GPU), live = sp->live_allocs, yng = live && young(sp, now, period);
+    bool waiting = yng && waits(sp, now, period, crowded);
     s->room += gpu && !live;
     s->young_all += yng;
     s->waiting += waiting;
     s->young_gpu += gpu && yng && !waiting;
     /* A chunk used within the last PSSHIM_RUNAHEAD launches is most likely still queued. */
-    if (c->in_flight || c->copy || !c->last_use || c->last_use + ps_options.runahead > now)
+    if (sp->in_flight || c->copy || !sp->last_use || sp->last_use + ps_options.runahead > now)
       continue;
     if (gpu && victims) {
       /* Victims are model data and young chunks that wait: the other young keep their
        * frames (the margin), and an empty span's frame goes to the next allocation anyway. */
       if (live && (!yng || waiting))
         victims[s->nvictims++] = (psp_cand){.chunk = (uint32_t)i, .bytes = d->chunk_size, .dirty = true,
-                                            .next_use = predicted_next(c, now, period)};
+                                            .next_use = predicted_next(sp, now, period)};
     } else if (!gpu && fetch) {
-      uint64_t next = predicted_next(c, now, period);
+      uint64_t next = predicted_next(sp, now, period);
       /* Not expected soon, or cheaper read in place: not fetched. Fetches want the soonest:
        * the victims' order with next uses reversed. */
       if (next != PSP_NEVER &&
-          psp_fetch_pays(psp_uses_within(c->uses, PSA_USES, now, period), use_ns(d), d->pager.move_ns_mean))
+          psp_fetch_pays(psp_uses_within(sp->uses, PSA_USES, now, period), use_ns(d), d->pager.move_ns_mean))
         fetch[s->nfetch++] = (psp_cand){.chunk = (uint32_t)i, .bytes = d->chunk_size, .dirty = true,
                                         .next_use = PSP_NEVER - next};
     }
@@ -568,7 +577,8 @@ static void plan(struct device *d, uint64_t now, uint64_t period)
   uint32_t most = plan_moves(d);
   if (period != d->pager.predicted_for) { /* predictions made with another period are void */
     for (uint64_t i = 0; i < d->space.chunks_high; i++)
-      d->chunks[i].next_use = 0;
+      if (d->chunks[i].span)
+        d->chunks[i].span->next_use = 0;
     d->pager.predicted_for = period;
   }
   uint64_t scan_start = psa_now_ns();
@@ -610,8 +620,8 @@ static void plan(struct device *d, uint64_t now, uint64_t period)
       return;
     }
     struct chunk *victim = &d->chunks[victims[v].chunk];
-    if (!psp_swap_pays(psp_uses_within(d->chunks[chunk].uses, PSA_USES, now, period),
-                       psp_uses_within(victim->uses, PSA_USES, now, period), use_ns(d), d->pager.move_ns_mean)) {
+    if (!psp_swap_pays(psp_uses_within(d->chunks[chunk].span->uses, PSA_USES, now, period),
+                       psp_uses_within(victim->span->uses, PSA_USES, now, period), use_ns(d), d->pager.move_ns_mean)) {
       d->stats.plans_no_gain++;
       continue; /* a later fetch, used more often, may still pay */
     }
@@ -620,9 +630,9 @@ static void plan(struct device *d, uint64_t now, uint64_t period)
   }
 }
 
-/* Calls fn for every chunk of the spans that the launch's pointers fall in, once per
- * span, holding each device's lock once per launch (pointers come sorted, so pointers of
- * one span, and of one device, are neighbours). */
+/* Calls fn for every span that the launch's pointers fall in, once per span, holding each
+ * device's lock once per launch (pointers come sorted, so pointers of one span, and of one
+ * device, are neighbours). */
 struct visit {
   const struct ps_moment *l;
   uint64_t period, position; /* as psa_on_moment got them */
@@ -642,7 +652,7 @@ static void lock_timed(struct device *d)
   d->stats.lock_wait_ns += psa_now_ns() - start;
 }
 
-static void for_each_chunk(struct visit *v, void (*fn)(struct device *, uint64_t, struct visit *))
+static void for_each_span(struct visit *v, void (*fn)(struct device *, struct span *, struct visit *))
 {
   struct device *locked = NULL;
   const struct span *last = NULL;
@@ -666,11 +676,7 @@ static void for_each_chunk(struct visit *v, void (*fn)(struct device *, uint64_t
     if (!s || s == last)
       continue;
     last = s;
-    /* fn may drop the lock (enter_chunk, unsharing a chunk): the span is not read again,
-     * as another thread may free it meanwhile. */
-    uint64_t first = s->first_chunk, n = s->nchunks;
-    for (uint64_t i = first; i < first + n; i++)
-      fn(d, i, v);
+    fn(d, s, v);
   }
   if (locked) {
     mark_put(locked, locked == v->marked ? v->mark : NULL);
@@ -699,25 +705,40 @@ static void enter_chunk(struct device *d, uint64_t chunk, struct visit *v)
     else
       d->stats.copy_waits++;
   }
-  c->in_flight++;
   if (on(d, c, PSA_HOST))
     d->stats.touches_host++;
   else
     d->stats.touches_gpu++;
-  c->last_use = v->l->seq + 1; /* +1: 0 means never */
-  c->next_use = 0;
-  if (c->last_use > d->pager.clock)
-    d->pager.clock = c->last_use;
-  c->uses[c->use_pos++ % PSA_USES] = c->last_use;
   if (ps_options.policy == PS_POLICY_PLAN && v->period)
     psa_plan_note(d, chunk, v->period, v->position);
 }
 
-static void exit_chunk(struct device *d, uint64_t chunk, struct visit *v)
+/* In flight first, so that the span stays while enter_chunk drops the lock (an idle span
+ * may be deleted meanwhile, a span in flight is not); it may grow meanwhile, and chunks it
+ * gains then hold nothing of this launch's. */
+static void enter_span(struct device *d, struct span *s, struct visit *v)
 {
-  struct chunk *c = &d->chunks[chunk];
-  if (c->in_flight)
-    c->in_flight--;
+  s->in_flight++;
+  s->last_use = v->l->seq + 1; /* +1: 0 means never */
+  s->next_use = 0;
+  if (s->last_use > d->pager.clock)
+    d->pager.clock = s->last_use;
+  s->uses[s->use_pos++ % PSA_USES] = s->last_use;
+  uint64_t first = s->first_chunk, n = s->nchunks;
+  /* Every chunk on a GPU frame, none moving or copied to, none shared: nothing to check. */
+  if (s->where == PSA_GPU && !d->pager.nmoving && !d->pager.ncopying && !d->shard &&
+      ps_options.policy != PS_POLICY_PLAN) {
+    d->stats.touches_gpu += n;
+    return;
+  }
+  for (uint64_t i = first; i < first + n; i++)
+    enter_chunk(d, i, v);
+}
+
+static void exit_span(struct device *d, struct span *s, struct visit *v)
+{
+  if (s->in_flight)
+    s->in_flight--;
   if (v->l->failed || atomic_load(&paging_off))
     return; /* nothing enqueued, or nothing will move again: no mark needed */
   if (v->marked != d) {
@@ -732,10 +753,10 @@ static void exit_chunk(struct device *d, uint64_t chunk, struct visit *v)
     }
   }
   if (v->mark) {
-    add_user(d, c, v->mark);
+    add_user(d, s, v->mark);
   } else { /* no mark: wait for the launch here rather than lose track of it */
     PS_CU(ps_driver.cuStreamSynchronize((CUstream)(uintptr_t)v->l->stream));
-    users_passed(d, c, true);
+    users_passed(d, s, true);
   }
 }
 
@@ -972,7 +993,7 @@ void psa_on_moment(const struct ps_moment *l, bool enter, uint64_t period, uint6
     return;
   struct visit v = {.l = l, .period = period, .position = position};
   if (l->nptrs)
-    for_each_chunk(&v, enter ? enter_chunk : exit_chunk);
+    for_each_span(&v, enter ? enter_span : exit_span);
   /* Flow control: the host stays at most PSSHIM_RUNAHEAD launches ahead of the GPU, so a
    * chunk is quiescent soon after its last use and can move before its next one. */
   if (v.ahead)

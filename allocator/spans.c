@@ -213,8 +213,10 @@ bool psa_span_idle(struct device *d, struct span *s)
    * the reclaim that taking its new frames runs, on this very thread. */
   if (s->live_allocs || s->building)
     return false;
+  if (s->in_flight)
+    return false;
   for (uint64_t i = s->first_chunk; i < s->first_chunk + s->nchunks; i++)
-    if (d->chunks[i].in_flight || d->chunks[i].moving || !psa_copy_done(d, i, false))
+    if (d->chunks[i].moving || !psa_copy_done(d, i, false))
       return false;
   for (uint32_t i = 0; i < s->nranges; i++)
     i = settle(d, s, i);
@@ -273,6 +275,7 @@ void psa_span_delete(struct device *d, struct span *s)
   if (d->space.last_span == s)
     d->space.last_span = NULL;
   list_remove(d, s);
+  psa_span_forget_users(d, s);
   unmap_chunks(d, s->first_chunk, s->nchunks);
   psa_chunks_unreserve(d, s->first_chunk, s->nchunks);
   for (uint32_t i = 0; i < s->nranges; i++)
@@ -333,11 +336,6 @@ static bool add_chunks(struct device *d, struct span *s, uint64_t first, uint64_
   for (uint64_t i = first; i < first + n; i++) {
     struct chunk *c = &d->chunks[i];
     c->span = s;
-    /* A new life: the previous tenant's uses say nothing about this one's. */
-    memset(c->uses, 0, sizeof c->uses);
-    c->use_pos = 0;
-    c->last_use = 0;
-    c->next_use = 0;
   }
   psa_chunks_note_high(d, first + n);
   bool building = s->building;
