@@ -17,6 +17,10 @@
  * starts no move (a copy a launch would wait for, queued behind many others, stalls it).
  * In bytes, so smaller chunks move as fast; at least 8 chunks. */
 #define PSA_PLAN_BYTES (512ull << 20)
+/* The run-ahead bound is held at every PSA_HOLD_STRIDE-th marked launch: a query of the mark
+ * PSSHIM_RUNAHEAD launches back costs 0.3-1.9 us on the H200 (bench/results/mark_cost_*). */
+#define PSA_HOLD_STRIDE 16
+static inline uint32_t psa_hold_stride(uint32_t runahead) { return runahead >= PSA_HOLD_STRIDE ? PSA_HOLD_STRIDE : 1; }
 #define PSA_USER_MARKS 4        /* streams whose use of a span is tracked at once */
 #define PSA_USES 32             /* recent uses remembered per span, to predict the next: a
                                    span used more often per iteration counts as always due */
@@ -167,8 +171,9 @@ struct device {
     struct deferred_frame deferred[PSA_MAX_MIGRATIONS];
     uint32_t ndeferred;
     struct psa_mark *free_marks;
-    struct psa_mark **recent; /* marks of the latest PSSHIM_RUNAHEAD launches, a ring */
+    struct psa_mark **recent; /* marks of every psa_hold_stride()-th launch of the latest PSSHIM_RUNAHEAD, a ring */
     uint32_t recent_pos;
+    uint64_t marked;          /* launches marked */
     struct psa_mark *runahead_stuck; /* a run-ahead wait gave up on it: no holding back until it passes */
     uint64_t clock;           /* the latest moment that touched a chunk (+1) */
     uint64_t margin;          /* most GPU frames spans allocated into within an iteration held */

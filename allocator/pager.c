@@ -3,11 +3,11 @@
  * The protocol, which never races a kernel (cuMemUnmap does not wait for kernels) and never
  * makes a launch wait on the host for a copy (the host is held back only by the run-ahead
  * bound, PSSHIM_RUNAHEAD launches ahead of the GPU, so that chunks become quiescent):
- * - Every observed launch brackets its chunks: between its enter and exit they are "in
- *   flight"; after it is enqueued, a mark (an event) recorded behind it on its stream is
- *   kept on each chunk it touched, one per stream.
- * - A chunk moves only when it is quiescent: no launch in flight and every mark passed, so
- *   no enqueued work can touch its addresses. Then, at once: its addresses are remapped
+ * - Every observed launch brackets the spans it names, and so all their chunks: between its
+ *   enter and exit they are "in flight"; after it is enqueued, a mark (an event) recorded
+ *   behind it on its stream is kept on each span it touched, one per stream.
+ * - A chunk moves only when it is quiescent: no launch in flight on its span and every mark
+ *   passed, so no enqueued work can touch its addresses. Then, at once: its addresses are remapped
  *   onto the new frame (with d->lock dropped, the chunk marked `moving`: a launch that
  *   reaches it meanwhile waits, everything else passes it over), its live ranges are
  *   copied between the two frames' fixed staging mappings on a copy stream, and its old
@@ -744,12 +744,14 @@ static void exit_span(struct device *d, struct span *s, struct visit *v)
   if (v->marked != d) {
     v->marked = d;
     v->mark = mark_new(d, (CUstream)(uintptr_t)v->l->stream);
-    if (v->mark && d->pager.recent && !v->ahead_dev) { /* the first device a launch touches */
+    uint32_t stride = psa_hold_stride(ps_options.runahead);
+    /* The first device a launch touches; every stride-th launch, whose hold stands for them all. */
+    if (v->mark && d->pager.recent && !v->ahead_dev && d->pager.marked++ % stride == 0) {
       v->mark->refs++;
       v->ahead_dev = d;
       v->ahead = d->pager.recent[d->pager.recent_pos]; /* the ring's reference passes to the visit */
       d->pager.recent[d->pager.recent_pos] = v->mark;
-      d->pager.recent_pos = (d->pager.recent_pos + 1) % ps_options.runahead;
+      d->pager.recent_pos = (d->pager.recent_pos + 1) % (ps_options.runahead / stride);
     }
   }
   if (v->mark) {
