@@ -845,6 +845,57 @@ static void test_no_move_under_held_stream(void **state)
   assert_int_equal(in_child(held_stream, NULL), 0);
 }
 
+/* The host stays within PSSHIM_RUNAHEAD launches of the GPU, give or take the hold's stride
+ * (it is checked every 16th launch): with kernels slower than their launches, the launches
+ * enqueued and not yet run never outgrow that window. */
+static _Atomic uint64_t kernels_run;
+
+static void count_fn(void **args, void *user)
+{
+  (void)args, (void)user;
+  atomic_fetch_add(&kernels_run, 1);
+}
+
+static void host_held_within_runahead(void *arg)
+{
+  (void)arg;
+  setenv("FAKECUDA_KERNEL_DELAY_US", "2000", 1); /* the GPU slower than the host, even under valgrind */
+  setenv("PSSHIM_POLICY", "auto", 1);
+  setenv("PSSHIM_RUNAHEAD", "32", 1); /* two holds' strides */
+  start("64M", "64M");
+  CUstream s;
+  if (ps_driver.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING))
+    exit(30);
+  size_t sizes[] = {8};
+  CUfunction count = fakecuda_register_kernel("count", count_fn, NULL, 1, sizes);
+  CUdeviceptr p;
+  if (psa_alloc(0, MiB, s, &p))
+    exit(31);
+  uint64_t most = 0;
+  for (uint64_t i = 1; i <= 300; i++) {
+    void *params[] = {&p};
+    if (cuLaunchKernel(count, 1, 1, 1, 1, 1, 1, 0, s, params, NULL))
+      exit(32);
+    uint64_t queued = i - atomic_load(&kernels_run);
+    most = queued > most ? queued : most;
+  }
+  if (ps_driver.cuStreamSynchronize(s) || atomic_load(&kernels_run) != 300)
+    exit(33);
+  /* RUNAHEAD launches back, checked every 16th launch: 15 more at most, and the one running;
+   * and at least half the window, or the test did not hold the host at all. */
+  if (most > ps_options.runahead + 16 + 1 || most < ps_options.runahead / 2) {
+    fprintf(stderr, "host_held_within_runahead: %llu launches queued at most, run-ahead %u\n", (unsigned long long)most,
+            ps_options.runahead);
+    exit(34);
+  }
+}
+
+static void test_host_held_within_runahead(void **state)
+{
+  (void)state;
+  assert_int_equal(in_child(host_held_within_runahead, NULL), 0);
+}
+
 /* Work captured into a CUDA graph is not run when launched: psshim must add no event or
  * wait to a capturing stream (querying an event recorded there fails, as the fake does),
  * so paging stops and the capture's launches go unbracketed, silently. */
@@ -1238,6 +1289,7 @@ int main(void)
       cmocka_unit_test(test_crowded_iteration_evicts_what_waits),
       cmocka_unit_test(test_runahead_wait_gives_up),
       cmocka_unit_test(test_no_move_under_held_stream),
+      cmocka_unit_test(test_host_held_within_runahead),
   };
   if (getenv("TEST_FILTER")) /* e.g. TEST_FILTER=*pager* to run one test under a debugger */
     cmocka_set_test_filter(getenv("TEST_FILTER"));
