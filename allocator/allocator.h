@@ -76,7 +76,7 @@ void psa_on_first_device(void (*ready)(const struct pst_trace_header *h, void *u
 void psa_capture_begun(void);
 void psa_capture_ended(void);
 
-/* The pager's view of an observed launch or transfer: brackets the chunks it touches
+/* The pager's view of an observed launch or transfer: brackets the spans it touches
  * (enter/exit) so no migration races it, and with PSSHIM_POLICY=auto or plan decides what
  * to move. period: the training iteration's length in moments once known and trusted, else
  * 0 (then nothing is planned); position: the moment's place in the iteration (0 at its
