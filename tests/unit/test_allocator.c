@@ -896,6 +896,43 @@ static void test_host_held_within_runahead(void **state)
   assert_int_equal(in_child(host_held_within_runahead, NULL), 0);
 }
 
+/* A span keeps the mark of the last launch that named it until the mark is seen passed; a
+ * span deleted before that (its frames taken back for another allocation) gives the mark
+ * back, and its event returns to the pool. */
+static void deleted_span_gives_back_mark(void *arg)
+{
+  (void)arg;
+  CUstream s = start_paging("auto", "64M", "64M", 30); /* run-ahead 4 */
+  CUdeviceptr x, q;
+  if (psa_alloc(0, 2 * MiB, s, &x) || psa_alloc(0, 2 * MiB, s, &q)) /* a chunk each: two spans */
+    exit(31);
+  launch(fill_kernel, x, 2 * MiB, 1, s);
+  for (int i = 0; i < 8; i++) /* the run-ahead ring lets go of x's launch's mark */
+    launch(fill_kernel, q, 2 * MiB, 2, s);
+  if (ps_driver.cuStreamSynchronize(s) || psa_free(x, s, true))
+    exit(32);
+  struct device *d = &psa_devices[0];
+  pthread_mutex_lock(&d->lock);
+  struct span *sp = d->chunks[psa_chunk_of(x, NULL)].span;
+  uint32_t marks = sp->nusers, pool = d->events.n;
+  bool idle = sp != d->chunks[psa_chunk_of(q, NULL)].span && psa_span_idle(d, sp);
+  if (idle)
+    psa_span_delete(d, sp);
+  uint32_t returned = d->events.n - pool;
+  pthread_mutex_unlock(&d->lock);
+  if (!idle || marks != 1 || returned != 1) {
+    fprintf(stderr, "deleted_span_gives_back_mark: idle %d, marks %u, events back in the pool %u\n", idle, marks,
+            returned);
+    exit(33);
+  }
+}
+
+static void test_deleted_span_gives_back_mark(void **state)
+{
+  (void)state;
+  assert_int_equal(in_child(deleted_span_gives_back_mark, NULL), 0);
+}
+
 /* Work captured into a CUDA graph is not run when launched: psshim must add no event or
  * wait to a capturing stream (querying an event recorded there fails, as the fake does),
  * so paging stops and the capture's launches go unbracketed, silently. */
@@ -1290,6 +1327,7 @@ int main(void)
       cmocka_unit_test(test_runahead_wait_gives_up),
       cmocka_unit_test(test_no_move_under_held_stream),
       cmocka_unit_test(test_host_held_within_runahead),
+      cmocka_unit_test(test_deleted_span_gives_back_mark),
   };
   if (getenv("TEST_FILTER")) /* e.g. TEST_FILTER=*pager* to run one test under a debugger */
     cmocka_set_test_filter(getenv("TEST_FILTER"));
