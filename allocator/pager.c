@@ -866,13 +866,14 @@ static uint64_t plan_every(void)
 }
 
 /* A plan that moved nothing is likely to be followed by more: the next one waits twice as
- * long, up to the run-ahead window and half the margin's lookahead, so a plan still sees
- * the room the coming part of the iteration needs before it is needed, and short
- * iterations keep every plan. A move brings plans back to every plan_every() launches. On
- * the 2.68B GPT's trace replayed here, that took plans from 3177 to 1098 and their time by
- * half, moving as much; at the native peak, where nothing moves, a gap of at most one
- * phase of the iteration (1/PSP_PHASES) still made 64 plans an iteration, 22 ms of its
- * 0.44 s on the H200. Frames left behind by moves are freed as often as plans were. */
+ * long, up to the run-ahead window and one phase of the margin (1/PSP_PHASES of the
+ * iteration), so room is still made in time and short iterations keep every plan. A move
+ * brings plans back to every plan_every() launches. On the 2.68B GPT's trace replayed
+ * here, that took plans from 3177 to 1098 and their time by half, moving as much. Backing
+ * off further, to period/16, cut the plans' time at the native peak (64 plans an iteration,
+ * where nothing moves), but the test driver's random programs then fetched 3-5 chunks where
+ * they had fetched 13-31 (tests/gpu/variants/plan_gap_sixteenth.patch). Frames left behind
+ * by moves are freed as often as plans were. */
 static void poll_and_plan(struct device *d, uint64_t seq, uint64_t period)
 {
   uint64_t every = plan_every();
@@ -882,7 +883,7 @@ static void poll_and_plan(struct device *d, uint64_t seq, uint64_t period)
   if (seq >= d->pager.next_plan) {
     uint64_t moves = d->stats.migrations_to_gpu + d->stats.migrations_to_host;
     plan(d, seq + 1, period);
-    uint64_t most = period / (2 * MARGIN_LOOKAHEAD);
+    uint64_t most = period / PSP_PHASES;
     if (most > ps_options.runahead)
       most = ps_options.runahead;
     bool idle = moves == d->stats.migrations_to_gpu + d->stats.migrations_to_host;
