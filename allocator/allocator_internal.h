@@ -17,10 +17,10 @@
  * starts no move (a copy a launch would wait for, queued behind many others, stalls it).
  * In bytes, so smaller chunks move as fast; at least 8 chunks. */
 #define PSA_PLAN_BYTES (512ull << 20)
-/* The run-ahead bound is held at every PSA_HOLD_STRIDE-th marked launch: a query of the mark
- * PSSHIM_RUNAHEAD launches back costs 0.3-1.9 us on the H200 (bench/results/mark_cost_*). */
-#define PSA_HOLD_STRIDE 16
-static inline uint32_t psa_hold_stride(uint32_t runahead) { return runahead >= PSA_HOLD_STRIDE ? PSA_HOLD_STRIDE : 1; }
+/* The run-ahead bound is held at every psa_hold_stride()-th marked launch, a sixteenth of
+ * the window (16 at the default 256): a query of the mark PSSHIM_RUNAHEAD launches back
+ * costs 0.3-1.9 us on the H200 (bench/results/mark_cost_*). */
+static inline uint32_t psa_hold_stride(uint32_t runahead) { return runahead >= 32 ? runahead / 16 : 1; }
 #define PSA_USER_MARKS 4        /* streams whose use of a span is tracked at once */
 #define PSA_USES 32             /* recent uses remembered per span, to predict the next: a
                                    span used more often per iteration counts as always due */

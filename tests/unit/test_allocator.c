@@ -846,8 +846,8 @@ static void test_no_move_under_held_stream(void **state)
 }
 
 /* The host stays within PSSHIM_RUNAHEAD launches of the GPU, give or take the hold's stride
- * (it is checked every 16th launch): with kernels slower than their launches, the launches
- * enqueued and not yet run never outgrow that window. */
+ * (it is checked every sixteenth of the window): with kernels slower than their launches,
+ * the launches enqueued and not yet run never outgrow that window. */
 static _Atomic uint64_t kernels_run;
 
 static void count_fn(void **args, void *user)
@@ -861,7 +861,7 @@ static void host_held_within_runahead(void *arg)
   (void)arg;
   setenv("FAKECUDA_KERNEL_DELAY_US", "2000", 1); /* the GPU slower than the host, even under valgrind */
   setenv("PSSHIM_POLICY", "auto", 1);
-  setenv("PSSHIM_RUNAHEAD", "32", 1); /* two holds' strides */
+  setenv("PSSHIM_RUNAHEAD", "64", 1); /* held every 4th launch */
   start("64M", "64M");
   CUstream s;
   if (ps_driver.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING))
@@ -881,9 +881,9 @@ static void host_held_within_runahead(void *arg)
   }
   if (ps_driver.cuStreamSynchronize(s) || atomic_load(&kernels_run) != 300)
     exit(33);
-  /* RUNAHEAD launches back, checked every 16th launch: 15 more at most, and the one running;
-   * and at least half the window, or the test did not hold the host at all. */
-  if (most > ps_options.runahead + 16 + 1 || most < ps_options.runahead / 2) {
+  /* RUNAHEAD launches back, checked every stride-th launch: stride - 1 more at most, and the
+   * one running; and at least half the window, or the test did not hold the host at all. */
+  if (most > ps_options.runahead + psa_hold_stride(ps_options.runahead) || most < ps_options.runahead / 2) {
     fprintf(stderr, "host_held_within_runahead: %llu launches queued at most, run-ahead %u\n", (unsigned long long)most,
             ps_options.runahead);
     exit(34);
