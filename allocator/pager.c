@@ -871,9 +871,9 @@ static uint64_t plan_every(void)
  * brings plans back to every plan_every() launches. On the 2.68B GPT's trace replayed
  * here, that took plans from 3177 to 1098 and their time by half, moving as much. Backing
  * off further, to period/16, cut the plans' time at the native peak (64 plans an iteration,
- * where nothing moves), but the test driver's random programs then fetched 3-5 chunks where
- * they had fetched 13-31 (tests/gpu/variants/plan_gap_sixteenth.patch). Frames left behind
- * by moves are freed as often as plans were. */
+ * where nothing moves), but the test driver's random programs then fetched about half as
+ * many chunks (4-18 a run against 8-28; tests/gpu/variants/plan_gap_sixteenth.patch).
+ * Frames left behind by moves are freed as often as plans were. */
 static void poll_and_plan(struct device *d, uint64_t seq, uint64_t period)
 {
   uint64_t every = plan_every();
