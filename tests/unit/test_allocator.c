@@ -803,12 +803,14 @@ static void held_stream(void *arg)
   uint64_t moves_held = 0;
   for (int it = 0; it < 50; it++) {
     if (it == 40) { /* every weight read on t, behind a kernel that waits for the host */
-      struct psa_stats st;
-      psa_stats_get(&st);
-      moves_held = st.migrations_to_gpu + st.migrations_to_host;
       launch(wait_kernel, w[0], 2 * MiB, 0, t);
       for (int i = 0; i < 6; i++)
         launch(check_kernel, w[i], 2 * MiB, seed[i], t);
+      /* Counted from here: a weight may still move while the reads are being queued (a
+       * pager turn in those launches), before its own read is. */
+      struct psa_stats st;
+      psa_stats_get(&st);
+      moves_held = st.migrations_to_gpu + st.migrations_to_host;
     }
     CUdeviceptr act; /* a step: an activation, every weight read, half of them rewritten */
     if (psa_alloc(0, MiB, s, &act))
