@@ -21,6 +21,8 @@
  * the window (16 at the default 256): a query of the mark PSSHIM_RUNAHEAD launches back
  * costs 0.3-1.9 us on the H200 (bench/results/mark_cost_*). */
 static inline uint32_t psa_hold_stride(uint32_t runahead) { return runahead >= 32 ? runahead / 16 : 1; }
+/* The ring of those launches' marks: its length, so that it spans the window. */
+static inline uint32_t psa_hold_slots(uint32_t runahead) { return runahead / psa_hold_stride(runahead); }
 #define PSA_USER_MARKS 4        /* streams whose use of a span is tracked at once */
 #define PSA_USES 32             /* recent uses remembered per span, to predict the next: a
                                    span used more often per iteration counts as always due */

@@ -744,14 +744,13 @@ static void exit_span(struct device *d, struct span *s, struct visit *v)
   if (v->marked != d) {
     v->marked = d;
     v->mark = mark_new(d, (CUstream)(uintptr_t)v->l->stream);
-    uint32_t stride = psa_hold_stride(ps_options.runahead);
     /* The first device a launch touches; every stride-th launch, whose hold stands for them all. */
-    if (v->mark && d->pager.recent && !v->ahead_dev && d->pager.marked++ % stride == 0) {
+    if (v->mark && d->pager.recent && !v->ahead_dev && d->pager.marked++ % psa_hold_stride(ps_options.runahead) == 0) {
       v->mark->refs++;
       v->ahead_dev = d;
       v->ahead = d->pager.recent[d->pager.recent_pos]; /* the ring's reference passes to the visit */
       d->pager.recent[d->pager.recent_pos] = v->mark;
-      d->pager.recent_pos = (d->pager.recent_pos + 1) % (ps_options.runahead / stride);
+      d->pager.recent_pos = (d->pager.recent_pos + 1) % psa_hold_slots(ps_options.runahead);
     }
   }
   if (v->mark) {

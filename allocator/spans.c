@@ -211,9 +211,7 @@ bool psa_span_idle(struct device *d, struct span *s)
 {
   /* A span growing (psa_span_extend) has lent out its tail: what is left may look idle to
    * the reclaim that taking its new frames runs, on this very thread. */
-  if (s->live_allocs || s->building)
-    return false;
-  if (s->in_flight)
+  if (s->live_allocs || s->building || s->in_flight)
     return false;
   for (uint64_t i = s->first_chunk; i < s->first_chunk + s->nchunks; i++)
     if (d->chunks[i].moving || !psa_copy_done(d, i, false))
