@@ -183,8 +183,8 @@ struct psa_progress {
  * moves bring the placement into shape). Fills *now with the statistics it took. */
 #define PSA_STEADY_FIELDS(X)                                                                  \
   X(launch_ns) X(plan_ns) X(remap_ns) X(bytes_h2d) X(bytes_d2h) X(migrations_to_gpu)          \
-  X(migrations_to_host) X(late_waits) X(late_wait_ns) X(touches_host) X(runahead_wait_ns) X(move_ns)   \
-  X(scan_ns) X(frame_make_ns) X(plans)
+  X(migrations_to_host) X(late_waits) X(late_wait_ns) X(touches_host) X(runahead_wait_ns)     \
+  X(move_ns) X(scan_ns) X(frame_make_ns) X(plans)
 void psa_stats_boundary(bool first, struct psa_stats *now);
 /* PSSHIM_STATS output: text (json=false) or one JSON object. */
 void psa_stats_write(FILE *f, bool json, const struct psa_progress *p);
