@@ -23,9 +23,9 @@
 static inline uint32_t psa_hold_stride(uint32_t runahead) { return runahead >= 32 ? runahead / 16 : 1; }
 /* The ring of those launches' marks: its length, so that it spans the window. */
 static inline uint32_t psa_hold_slots(uint32_t runahead) { return runahead / psa_hold_stride(runahead); }
-#define PSA_USER_MARKS 4        /* streams whose use of a span is tracked at once */
-#define PSA_USES 32             /* recent uses remembered per span, to predict the next: a
-                                   span used more often per iteration counts as always due */
+#define PSA_USER_MARKS 4        /* streams whose use of a chunk is tracked at once */
+#define PSA_USES 32             /* recent uses remembered per chunk, to predict the next: a
+                                   chunk used more often per iteration counts as always due */
 
 /* Physical memory of one chunk's size, with a fixed second mapping (staging) through
  * which migration copies into it while the chunk's own addresses still point elsewhere. */
@@ -58,15 +58,7 @@ struct span {
                            process may map its frames, so its chunks never move again */
   uint64_t last_alloc;  /* the device's moment clock at its latest allocation (pager.c) */
   struct span *prev, *next; /* in its device's list for `where` */
-  /* The launches that name it (pager.c): a pointer into a span stands for all of it, as
-   * nothing tells how far a kernel reads from a pointer. */
-  uint32_t in_flight; /* observed launches between their enter and exit */
-  uint32_t nusers;
-  struct psa_mark *users[PSA_USER_MARKS]; /* after the launches that touched it, by stream */
-  uint64_t last_use;
-  uint64_t next_use; /* predicted from uses (0: not yet), valid while later than the plan */
-  uint32_t use_pos;
-  uint64_t uses[PSA_USES]; /* the latest moments that touched it (+1; 0 = empty), a ring */
+  uint32_t in_flight; /* observed launches naming it between their enter and exit (pager.c) */
 };
 
 /* A point in one stream's work, shared (counted) by everything waiting to know it has
@@ -85,13 +77,21 @@ struct deferred_frame {
   struct psa_mark *copy;
 };
 
-/* A chunk's own state: where it is and its move. What launches tell (in flight, used when,
- * by which streams) is its span's: a launch touches every chunk of a span it names. */
+/* A chunk's state: where it is, its move, and what the launches that touched it tell (used
+ * when, by which streams; whether one is in flight is its span's). */
 struct chunk {
   uint32_t frame; /* PSA_NO_FRAME when unmapped */
   bool moving;    /* a move is remapping it with d->lock dropped: nothing else may touch it (pager.c) */
   struct span *span;
   struct psa_mark *copy; /* its last move's copy, until seen complete */
+  /* The launches that touched it (pager.c): those that name an allocation it holds part of
+   * by the allocation's start, or any pointer into its span that is not an allocation's
+   * start (nothing tells how far a kernel reads from such a pointer). */
+  uint32_t nusers, use_pos;
+  struct psa_mark *users[PSA_USER_MARKS]; /* after the launches that touched it, by stream */
+  uint64_t last_use;
+  uint64_t next_use; /* predicted from uses (0: not yet), valid while later than the plan */
+  uint64_t uses[PSA_USES]; /* the latest moments that touched it (+1; 0 = empty), a ring */
 };
 
 struct alloc_entry {
@@ -310,6 +310,14 @@ CUresult psa_move(struct device *d, uint64_t chunk, enum psa_where to);
  * the frame of the model chunk on the GPU needed farthest after `need` (Belady), paged out
  * and waited for; PSA_NO_FRAME when none is needed later. Drops d->lock. */
 uint32_t psa_frame_for(struct device *d, uint64_t period, uint64_t need);
+/* Young allocations by next use: an allocation of nchunks that found no GPU room pages out,
+ * once the iteration's period is known, the live GPU chunks needed farthest ahead, young or
+ * not, each needed beyond the run-ahead window (it could not come back in time otherwise),
+ * until that many GPU frames are free, makeable or held by empty spans (which spans.c takes
+ * back as it maps), and waits for the copies out. Without it the allocation lands in host
+ * frames, where the kernels that use it next read it across PCIe, a GEMM's operand many
+ * times over. True when a GPU frame can be had. Drops d->lock. */
+bool psa_room_for_alloc(struct device *d, uint64_t nchunks);
 /* Whether a move of the chunk may start now: mapped, its own, no launch in flight, every
  * launch that touched it passed, its last move's copy done, its span not being built. */
 bool psa_movable(struct device *d, uint64_t chunk);

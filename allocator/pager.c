@@ -80,46 +80,52 @@ static bool mark_passed(struct device *d, struct psa_mark *m, bool sync)
   return true;
 }
 
-/* Drops the span's marks that have passed; true when none is left (sync: wait for all). */
-static bool users_passed(struct device *d, struct span *s, bool sync)
+/* Drops the chunk's marks that have passed; true when none is left (sync: wait for all). */
+static bool users_passed(struct device *d, struct chunk *c, bool sync)
 {
-  for (uint32_t i = 0; i < s->nusers;)
-    if (mark_passed(d, s->users[i], sync)) {
-      mark_put(d, s->users[i]);
-      s->users[i] = s->users[--s->nusers];
+  for (uint32_t i = 0; i < c->nusers;)
+    if (mark_passed(d, c->users[i], sync)) {
+      mark_put(d, c->users[i]);
+      c->users[i] = c->users[--c->nusers];
     } else {
       i++;
     }
-  return s->nusers == 0;
+  return c->nusers == 0;
 }
 
-/* Keeps launch mark m on the span. A later mark on the same stream stands for an earlier
+/* Keeps launch mark m on the chunk. A later mark on the same stream stands for an earlier
  * one, except on the per-thread default stream, whose handle names a different stream on
  * every thread. */
-static void add_user(struct device *d, struct span *s, struct psa_mark *m)
+static void add_user(struct device *d, struct chunk *c, struct psa_mark *m)
 {
-  for (uint32_t i = 0; i < s->nusers; i++)
-    if (s->users[i]->stream == m->stream && m->stream != CU_STREAM_PER_THREAD) {
-      mark_put(d, s->users[i]);
-      s->users[i] = m;
+  for (uint32_t i = 0; i < c->nusers; i++)
+    if (c->users[i]->stream == m->stream && m->stream != CU_STREAM_PER_THREAD) {
+      mark_put(d, c->users[i]);
+      c->users[i] = m;
       m->refs++;
       return;
     }
-  if (s->nusers == PSA_USER_MARKS && !users_passed(d, s, false) && s->nusers == PSA_USER_MARKS) {
+  if (c->nusers == PSA_USER_MARKS && !users_passed(d, c, false) && c->nusers == PSA_USER_MARKS) {
     /* More streams at once than tracked (rare): wait for the oldest. */
-    mark_passed(d, s->users[0], true);
-    users_passed(d, s, false);
+    mark_passed(d, c->users[0], true);
+    users_passed(d, c, false);
   }
-  s->users[s->nusers++] = m;
+  c->users[c->nusers++] = m;
   m->refs++;
 }
 
 /* A span deleted (spans.c) is idle: its frees' events have passed, and with them the work
- * its marks stand for. */
+ * its chunks' marks stand for. Their uses are forgotten too: the chunks will hold other data. */
 void psa_span_forget_users(struct device *d, struct span *s)
 {
-  while (s->nusers)
-    mark_put(d, s->users[--s->nusers]);
+  for (uint64_t i = s->first_chunk; i < s->first_chunk + s->nchunks; i++) {
+    struct chunk *c = &d->chunks[i];
+    while (c->nusers)
+      mark_put(d, c->users[--c->nusers]);
+    c->use_pos = 0;
+    c->last_use = c->next_use = 0;
+    memset(c->uses, 0, sizeof c->uses);
+  }
 }
 
 /* ---- moves ---- */
@@ -197,7 +203,7 @@ bool psa_movable(struct device *d, uint64_t chunk)
   struct chunk *c = &d->chunks[chunk];
   return c->frame != PSA_NO_FRAME && c->frame != psa_shared_frame(d) && !c->span->in_flight && !c->moving &&
          !c->span->building && !c->span->exported && !atomic_load(&paging_off) &&
-         psa_copy_done(d, chunk, false) && users_passed(d, c->span, false);
+         psa_copy_done(d, chunk, false) && users_passed(d, c, false);
 }
 
 /* Points a chunk's addresses at another frame with d->lock dropped (the caller has marked
@@ -233,23 +239,30 @@ static _Thread_local bool tls_mover; /* this thread is a device's mover */
  * back, lets at most MOVER_COPIES_AHEAD run before it remaps. Drops d->lock. */
 #define MOVER_COPIES_AHEAD 8
 
+/* Waits for the work before mark m with d->lock dropped, so launches go on meanwhile;
+ * returns the time it waited, or 0 on an error (the pager's own checks find it). */
+static uint64_t mark_wait_unlocked(struct device *d, struct psa_mark *m)
+{
+  if (mark_passed(d, m, false))
+    return 1;
+  m->refs++;
+  uint64_t start = psa_now_ns();
+  pthread_mutex_unlock(&d->lock);
+  CUresult r = ps_driver.cuEventSynchronize(m->event);
+  pthread_mutex_lock(&d->lock);
+  m->done = m->done || r == CUDA_SUCCESS;
+  mark_put(d, m);
+  return r == CUDA_SUCCESS ? psa_now_ns() - start + 1 : 0;
+}
+
 static void copies_settle(struct device *d)
 {
   while (tls_mover && d->pager.ncopying >= MOVER_COPIES_AHEAD) {
     uint64_t chunk = d->pager.copying[0];
-    struct psa_mark *m = d->chunks[chunk].copy;
-    if (!mark_passed(d, m, false)) {
-      m->refs++;
-      uint64_t start = psa_now_ns();
-      pthread_mutex_unlock(&d->lock);
-      CUresult r = ps_driver.cuEventSynchronize(m->event);
-      pthread_mutex_lock(&d->lock);
-      d->stats.copy_settle_ns += psa_now_ns() - start;
-      m->done = m->done || r == CUDA_SUCCESS;
-      mark_put(d, m);
-      if (r != CUDA_SUCCESS)
-        return; /* an error: the pager's own checks find it */
-    }
+    uint64_t waited = mark_wait_unlocked(d, d->chunks[chunk].copy);
+    if (!waited)
+      return;
+    d->stats.copy_settle_ns += waited - 1;
     psa_copy_done(d, chunk, false);
   }
 }
@@ -446,13 +459,13 @@ static bool young(const struct span *s, uint64_t now, uint64_t period)
   return now - s->last_alloc < period;
 }
 
-static uint64_t predicted_next(struct span *s, uint64_t now, uint64_t period)
+static uint64_t predicted_next(struct chunk *c, uint64_t now, uint64_t period)
 {
-  /* A prediction later than now stands until the span is used again (enter_span clears
+  /* A prediction later than now stands until the chunk is used again (enter_span clears
    * it): the uses within the window that gave it are still within it. */
-  if (s->next_use <= now)
-    s->next_use = psp_predict_next(s->uses, PSA_USES, now, period);
-  return s->next_use;
+  if (c->next_use <= now)
+    c->next_use = psp_predict_next(c->uses, PSA_USES, now, period);
+  return c->next_use;
 }
 
 /* Whether a chunk of the iteration's own allocations waits beyond the margin's window for
@@ -460,9 +473,9 @@ static uint64_t predicted_next(struct span *s, uint64_t now, uint64_t period)
  * pass far ahead), in a part of the iteration whose own allocations outgrow the GPU
  * (`crowded`, see coming_margin): then it needs no GPU frame for that part, and gives its
  * frame to the allocations made meanwhile. A chunk not used yet does not wait. */
-static bool waits(struct span *s, uint64_t now, uint64_t period, bool crowded)
+static bool waits(struct chunk *c, uint64_t now, uint64_t period, bool crowded)
 {
-  return crowded && s->last_use && predicted_next(s, now, period) >= now + period / MARGIN_LOOKAHEAD;
+  return crowded && c->last_use && predicted_next(c, now, period) >= now + period / MARGIN_LOOKAHEAD;
 }
 
 /* What a plan needs of the chunks, in one pass over them (at 3x over budget on the 2.68B
@@ -482,7 +495,7 @@ struct survey {
 };
 
 static void survey(struct device *d, uint64_t now, uint64_t period, bool crowded, struct survey *s, psp_cand *fetch,
-                   psp_cand *victims)
+                   psp_cand *victims, bool any_live)
 {
   *s = (struct survey){.room = d->fr.gpu_limit - d->fr.gpu_held};
   for (uint64_t i = 0; i < d->space.chunks_high; i++) {
@@ -491,26 +504,27 @@ static void survey(struct device *d, uint64_t now, uint64_t period, bool crowded
       continue;
     struct span *sp = c->span;
     bool gpu = on(d, c, PSA_GPU), live = sp->live_allocs, yng = live && young(sp, now, period);
-    bool waiting = yng && waits(sp, now, period, crowded);
+    bool waiting = yng && waits(c, now, period, crowded);
     s->room += gpu && !live;
     s->young_all += yng;
     s->waiting += waiting;
     s->young_gpu += gpu && yng && !waiting;
     /* A chunk used within the last PSSHIM_RUNAHEAD launches is most likely still queued. */
-    if (sp->in_flight || c->copy || !sp->last_use || sp->last_use + ps_options.runahead > now)
+    if (sp->in_flight || c->copy || !c->last_use || c->last_use + ps_options.runahead > now)
       continue;
     if (gpu && victims) {
       /* Victims are model data and young chunks that wait: the other young keep their
-       * frames (the margin), and an empty span's frame goes to the next allocation anyway. */
-      if (live && (!yng || waiting))
+       * frames (the margin), and an empty span's frame goes to the next allocation anyway.
+       * Room for an allocation (any_live) weighs every live chunk by its next use alone. */
+      if (live && (!yng || waiting || any_live))
         victims[s->nvictims++] = (psp_cand){.chunk = (uint32_t)i, .bytes = d->chunk_size, .dirty = true,
-                                            .next_use = predicted_next(sp, now, period)};
+                                            .next_use = predicted_next(c, now, period)};
     } else if (!gpu && fetch) {
-      uint64_t next = predicted_next(sp, now, period);
+      uint64_t next = predicted_next(c, now, period);
       /* Not expected soon, or cheaper read in place: not fetched. Fetches want the soonest:
        * the victims' order with next uses reversed. */
       if (next != PSP_NEVER &&
-          psp_fetch_pays(psp_uses_within(sp->uses, PSA_USES, now, period), use_ns(d), d->pager.move_ns_mean))
+          psp_fetch_pays(psp_uses_within(c->uses, PSA_USES, now, period), use_ns(d), d->pager.move_ns_mean))
         fetch[s->nfetch++] = (psp_cand){.chunk = (uint32_t)i, .bytes = d->chunk_size, .dirty = true,
                                         .next_use = PSP_NEVER - next};
     }
@@ -545,7 +559,7 @@ uint32_t psa_frame_for(struct device *d, uint64_t period, uint64_t need)
     return psa_frame_take(d, PSA_GPU);
   psp_cand *victims = d->pager.cands + d->nchunks;
   struct survey sv;
-  survey(d, d->pager.clock, period, margin > d->fr.gpu_limit, &sv, NULL, victims);
+  survey(d, d->pager.clock, period, margin > d->fr.gpu_limit, &sv, NULL, victims, false);
   for (size_t v = 0; v < sv.nvictims && victims[v].next_use > need; v++) {
     uint64_t chunk = victims[v].chunk;
     if (!psa_movable(d, chunk) || psa_move(d, chunk, PSA_HOST) != CUDA_SUCCESS)
@@ -555,6 +569,37 @@ uint32_t psa_frame_for(struct device *d, uint64_t period, uint64_t need)
     return psa_frame_take(d, PSA_GPU);
   }
   return PSA_NO_FRAME;
+}
+
+bool psa_room_for_alloc(struct device *d, uint64_t nchunks)
+{
+  uint64_t period = d->pager.predicted_for, now = d->pager.clock, start = psa_now_ns();
+  if (!period || atomic_load(&paging_off) || !ensure_copy_streams(d))
+    return false;
+  bool own = ps_in_own_calls();
+  if (!own)
+    ps_own_work(true); /* the moves' copies and waits are not the program's moments */
+  psp_cand *victims = d->pager.cands + d->nchunks;
+  struct survey sv;
+  survey(d, now, period, true, &sv, NULL, victims, true);
+  for (size_t v = 0; v < sv.nvictims && sv.room < nchunks && victims[v].next_use > now + ps_options.runahead; v++) {
+    if (!copy_slots_free(d, 1) && d->pager.ncopying) {
+      if (!mark_wait_unlocked(d, d->chunks[d->pager.copying[0]].copy))
+        break;
+      psa_moves_poll(d);
+    }
+    if (psa_movable(d, victims[v].chunk) && psa_move(d, victims[v].chunk, PSA_HOST) == CUDA_SUCCESS) {
+      sv.room++;
+      d->stats.room_page_outs++;
+    }
+  }
+  /* The frames left behind are wanted now: wait for the copies out of them. */
+  while (d->pager.ndeferred && mark_wait_unlocked(d, d->pager.deferred[0].copy))
+    psa_moves_poll(d);
+  if (!own)
+    ps_own_work(false);
+  d->stats.room_ns += psa_now_ns() - start;
+  return sv.room > 0;
 }
 
 /* Nothing moves until the iteration's period is known: without it nothing tells the
@@ -577,15 +622,14 @@ static void plan(struct device *d, uint64_t now, uint64_t period)
   uint32_t most = plan_moves(d);
   if (period != d->pager.predicted_for) { /* predictions made with another period are void */
     for (uint64_t i = 0; i < d->space.chunks_high; i++)
-      if (d->chunks[i].span)
-        d->chunks[i].span->next_use = 0;
+      d->chunks[i].next_use = 0;
     d->pager.predicted_for = period;
   }
   uint64_t scan_start = psa_now_ns();
   /* Judged before this moment is noted, since counting needs it. */
   bool crowded = coming_margin(d, now, period) > d->fr.gpu_limit;
   struct survey sv;
-  survey(d, now, period, crowded, &sv, fetch, victims);
+  survey(d, now, period, crowded, &sv, fetch, victims, false);
   d->stats.scan_ns += psa_now_ns() - scan_start;
   if (sv.young_all > d->pager.margin) /* counted in host frames too: what did not fit counts */
     d->stats.margin_frames = d->pager.margin = sv.young_all;
@@ -620,8 +664,8 @@ static void plan(struct device *d, uint64_t now, uint64_t period)
       return;
     }
     struct chunk *victim = &d->chunks[victims[v].chunk];
-    if (!psp_swap_pays(psp_uses_within(d->chunks[chunk].span->uses, PSA_USES, now, period),
-                       psp_uses_within(victim->span->uses, PSA_USES, now, period), use_ns(d), d->pager.move_ns_mean)) {
+    if (!psp_swap_pays(psp_uses_within(d->chunks[chunk].uses, PSA_USES, now, period),
+                       psp_uses_within(victim->uses, PSA_USES, now, period), use_ns(d), d->pager.move_ns_mean)) {
       d->stats.plans_no_gain++;
       continue; /* a later fetch, used more often, may still pay */
     }
@@ -630,9 +674,13 @@ static void plan(struct device *d, uint64_t now, uint64_t period)
   }
 }
 
-/* Calls fn for every span that the launch's pointers fall in, once per span, holding each
- * device's lock once per launch (pointers come sorted, so pointers of one span, and of one
- * device, are neighbours). */
+/* Calls fn for every span that the launch's pointers fall in, once per span, with the
+ * chunks of it the launch touches (chunk_ranges, ascending): each allocation's that a
+ * pointer names by its start, or the whole span's where a pointer is not an allocation's
+ * start. Holds each device's lock once per launch (pointers come sorted, so pointers of
+ * one span, and of one device, are neighbours). At 4x over budget on the 2.68B GPT, a
+ * span's chunks held tensors of every lifetime, each touched by launches of the others,
+ * so none looked idle to the pager (replay of its trace at --scale 8). */
 struct visit {
   const struct ps_moment *l;
   uint64_t period, position; /* as psa_on_moment got them */
@@ -640,6 +688,16 @@ struct visit {
   struct psa_mark *mark;
   struct psa_mark *ahead; /* exit: the mark PSSHIM_RUNAHEAD launches back on ahead_dev */
   struct device *ahead_dev;
+};
+
+#define VISIT_RANGES 16 /* a span's ranges kept apart per launch; more count as the whole span */
+
+struct chunk_ranges {
+  uint32_t n;
+  bool whole; /* a pointer into the span that is not an allocation's start */
+  struct {
+    uint64_t first, end;
+  } r[VISIT_RANGES];
 };
 
 /* Takes d->lock, counting the time a launch waited for it (the mover holds it to plan). */
@@ -652,10 +710,43 @@ static void lock_timed(struct device *d)
   d->stats.lock_wait_ns += psa_now_ns() - start;
 }
 
-static void for_each_span(struct visit *v, void (*fn)(struct device *, struct span *, struct visit *))
+/* Adds the chunks pointer p of span s touches to cr. */
+static void add_touched(struct device *d, struct span *s, CUdeviceptr p, struct chunk_ranges *cr)
+{
+  struct alloc_entry *e = cr->whole ? NULL : psa_map_find(d, p);
+  if (!e || e->span != s) {
+    cr->whole = true;
+    return;
+  }
+  uint64_t first = (e->ptr - d->base) / d->chunk_size, end = (e->ptr + e->size - 1 - d->base) / d->chunk_size + 1;
+  if (cr->n && first <= cr->r[cr->n - 1].end) {
+    if (end > cr->r[cr->n - 1].end)
+      cr->r[cr->n - 1].end = end;
+  } else if (cr->n == VISIT_RANGES) {
+    cr->whole = true;
+  } else {
+    cr->r[cr->n].first = first;
+    cr->r[cr->n++].end = end;
+  }
+}
+
+typedef void visit_fn(struct device *, struct span *, const struct chunk_ranges *, struct visit *);
+
+static void visit_span(struct device *d, struct span *s, struct chunk_ranges *cr, visit_fn *fn, struct visit *v)
+{
+  if (cr->whole) {
+    cr->n = 1;
+    cr->r[0].first = s->first_chunk;
+    cr->r[0].end = s->first_chunk + s->nchunks;
+  }
+  fn(d, s, cr, v);
+}
+
+static void for_each_span(struct visit *v, visit_fn *fn)
 {
   struct device *locked = NULL;
-  const struct span *last = NULL;
+  struct span *cur = NULL;
+  struct chunk_ranges cr;
   const struct ps_moment *l = v->l;
   for (uint32_t k = 0; k < l->nptrs; k++) {
     int ordinal;
@@ -664,20 +755,30 @@ static void for_each_span(struct visit *v, void (*fn)(struct device *, struct sp
       continue;
     struct device *d = &psa_devices[ordinal];
     if (d != locked) {
+      if (cur)
+        visit_span(locked, cur, &cr, fn, v);
+      cur = NULL;
       if (locked) {
         mark_put(locked, locked == v->marked ? v->mark : NULL);
         pthread_mutex_unlock(&locked->lock);
       }
       lock_timed(d);
       locked = d;
-      last = NULL;
     }
     struct span *s = d->chunks[chunk].span;
-    if (!s || s == last)
+    if (!s)
       continue;
-    last = s;
-    fn(d, s, v);
+    if (s != cur) {
+      if (cur)
+        visit_span(d, cur, &cr, fn, v);
+      cur = s;
+      cr.n = 0;
+      cr.whole = false;
+    }
+    add_touched(d, s, l->ptrs[k], &cr);
   }
+  if (cur)
+    visit_span(locked, cur, &cr, fn, v);
   if (locked) {
     mark_put(locked, locked == v->marked ? v->mark : NULL);
     pthread_mutex_unlock(&locked->lock);
@@ -716,26 +817,31 @@ static void enter_chunk(struct device *d, uint64_t chunk, struct visit *v)
 /* In flight first, so that the span stays while enter_chunk drops the lock (an idle span
  * may be deleted meanwhile, a span in flight is not); it may grow meanwhile, and chunks it
  * gains then hold nothing of this launch's. */
-static void enter_span(struct device *d, struct span *s, struct visit *v)
+static void enter_span(struct device *d, struct span *s, const struct chunk_ranges *cr, struct visit *v)
 {
   s->in_flight++;
-  s->last_use = v->l->seq + 1; /* +1: 0 means never */
-  s->next_use = 0;
-  if (s->last_use > d->pager.clock)
-    d->pager.clock = s->last_use;
-  s->uses[s->use_pos++ % PSA_USES] = s->last_use;
-  uint64_t first = s->first_chunk, n = s->nchunks;
+  uint64_t use = v->l->seq + 1; /* +1: 0 means never */
+  if (use > d->pager.clock)
+    d->pager.clock = use;
   /* Every chunk on a GPU frame, none moving or copied to, none shared: nothing to check. */
-  if (s->where == PSA_GPU && !d->pager.nmoving && !d->pager.ncopying && !d->shard &&
-      ps_options.policy != PS_POLICY_PLAN) {
-    d->stats.touches_gpu += n;
-    return;
-  }
-  for (uint64_t i = first; i < first + n; i++)
-    enter_chunk(d, i, v);
+  bool checked = s->where != PSA_GPU || d->pager.nmoving || d->pager.ncopying || d->shard ||
+                 ps_options.policy == PS_POLICY_PLAN;
+  for (uint32_t k = 0; k < cr->n; k++)
+    for (uint64_t i = cr->r[k].first; i < cr->r[k].end; i++) {
+      struct chunk *c = &d->chunks[i];
+      if (c->last_use != use) {
+        c->last_use = use;
+        c->next_use = 0;
+        c->uses[c->use_pos++ % PSA_USES] = use;
+      }
+      if (checked)
+        enter_chunk(d, i, v);
+      else
+        d->stats.touches_gpu++;
+    }
 }
 
-static void exit_span(struct device *d, struct span *s, struct visit *v)
+static void exit_span(struct device *d, struct span *s, const struct chunk_ranges *cr, struct visit *v)
 {
   if (s->in_flight)
     s->in_flight--;
@@ -753,12 +859,14 @@ static void exit_span(struct device *d, struct span *s, struct visit *v)
       d->pager.recent_pos = (d->pager.recent_pos + 1) % psa_hold_slots(ps_options.runahead);
     }
   }
-  if (v->mark) {
-    add_user(d, s, v->mark);
-  } else { /* no mark: wait for the launch here rather than lose track of it */
+  if (!v->mark) /* no mark: wait for the launch here rather than lose track of it */
     PS_CU(ps_driver.cuStreamSynchronize((CUstream)(uintptr_t)v->l->stream));
-    users_passed(d, s, true);
-  }
+  for (uint32_t k = 0; k < cr->n; k++)
+    for (uint64_t i = cr->r[k].first; i < cr->r[k].end; i++)
+      if (v->mark)
+        add_user(d, &d->chunks[i], v->mark);
+      else
+        users_passed(d, &d->chunks[i], true);
 }
 
 /* fn(d, l) for every ready device, under its lock. */

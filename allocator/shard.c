@@ -159,7 +159,7 @@ static bool quiet(const struct chunk *c) { return !c->span->in_flight && !c->mov
 /* Untouched for an iteration, and quiet. */
 static bool idle(const struct device *d, const struct chunk *c, uint64_t period)
 {
-  return d->pager.clock - c->span->last_use >= period && quiet(c);
+  return d->pager.clock - c->last_use >= period && quiet(c);
 }
 
 /* A chunk this rank may offer: in a host frame of its own, in a span allocated into no
@@ -391,7 +391,7 @@ static void gather_used(struct device *d, uint64_t period)
   for (uint64_t i = 0; i < d->nchunks; i++) {
     const struct chunk *c = &d->chunks[i];
     st->sums[i] = !st->comm_failed && c->frame == psa_shared_frame(d) &&
-                  psp_predict_next(c->span->uses, PSA_USES, d->pager.clock, period) != PSP_NEVER;
+                  psp_predict_next(c->uses, PSA_USES, d->pager.clock, period) != PSP_NEVER;
     wanted += st->sums[i];
   }
   if (!psc_agree_checksums(st->sums, d->nchunks, st->agree)) {
@@ -401,7 +401,7 @@ static void gather_used(struct device *d, uint64_t period)
   for (uint64_t i = 0; i < d->nchunks; i++)
     if (st->agree[i] && d->chunks[i].span) { /* taking a frame may drop the lock: the span may go */
       st->gather_frame[i] =
-          psa_frame_for(d, period, psp_predict_next(d->chunks[i].span->uses, PSA_USES, d->pager.clock, period));
+          psa_frame_for(d, period, psp_predict_next(d->chunks[i].uses, PSA_USES, d->pager.clock, period));
       if (st->gather_frame[i] == PSA_NO_FRAME)
         break; /* no frame: the others are not tried (each try scans every chunk) */
     }

@@ -898,9 +898,9 @@ static void test_host_held_within_runahead(void **state)
   assert_int_equal(in_child(host_held_within_runahead, NULL), 0);
 }
 
-/* A span keeps the mark of the last launch that named it until the mark is seen passed; a
- * span deleted before that (its frames taken back for another allocation) gives the mark
- * back, and its event returns to the pool. */
+/* A chunk keeps the mark of the last launch that named it until the mark is seen passed; a
+ * span deleted before that (its frames taken back for another allocation) gives its
+ * chunks' marks back, and their event returns to the pool. */
 static void deleted_span_gives_back_mark(void *arg)
 {
   (void)arg;
@@ -916,7 +916,7 @@ static void deleted_span_gives_back_mark(void *arg)
   struct device *d = &psa_devices[0];
   pthread_mutex_lock(&d->lock);
   struct span *sp = d->chunks[psa_chunk_of(x, NULL)].span;
-  uint32_t marks = sp->nusers, pool = d->events.n;
+  uint32_t marks = d->chunks[sp->first_chunk].nusers, pool = d->events.n;
   bool idle = sp != d->chunks[psa_chunk_of(q, NULL)].span && psa_span_idle(d, sp);
   if (idle)
     psa_span_delete(d, sp);
@@ -933,6 +933,48 @@ static void test_deleted_span_gives_back_mark(void **state)
 {
   (void)state;
   assert_int_equal(in_child(deleted_span_gives_back_mark, NULL), 0);
+}
+
+/* A launch touches the chunks of the allocations it names by their start, and no other
+ * chunk of their span: a span holds tensors of every lifetime (activations carved into
+ * gradients' freed room), and a launch on one must not make the others look busy. A
+ * pointer into an allocation (a view) stands for its whole span. */
+static void launch_touches_named(void *arg)
+{
+  (void)arg;
+  CUstream s = start_paging("auto", "64M", "64M", 175);
+  CUdeviceptr b, x, y;
+  if (psa_alloc(0, 8 * MiB, s, &b) || psa_free(b, s, true) || psa_alloc(0, 4 * MiB, s, &x) ||
+      psa_alloc(0, 4 * MiB, s, &y))
+    exit(176);
+  struct device *d = &psa_devices[0];
+  int64_t cx = psa_chunk_of(x, NULL), cy = psa_chunk_of(y, NULL);
+  if (d->chunks[cx].span != d->chunks[cy].span || cy != cx + 2) /* both carved into b's span */
+    exit(177);
+  for (int i = 0; i < 3; i++)
+    launch(fill_kernel, x, 4 * MiB, 5, s);
+  pthread_mutex_lock(&d->lock);
+  bool x_used = d->chunks[cx].last_use && d->chunks[cx + 1].last_use && d->chunks[cx].nusers;
+  bool y_untouched = !d->chunks[cy].last_use && !d->chunks[cy + 1].last_use && !d->chunks[cy].nusers;
+  pthread_mutex_unlock(&d->lock);
+  launch(fill_kernel, x + MiB, MiB, 6, s); /* a view into x */
+  pthread_mutex_lock(&d->lock);
+  bool y_by_view = d->chunks[cy].last_use && d->chunks[cy + 1].last_use;
+  pthread_mutex_unlock(&d->lock);
+  ps_driver.cuStreamSynchronize(s);
+  if (!x_used || !y_untouched || !y_by_view) {
+    fprintf(stderr, "launch_touches_named: x used %d, y untouched %d, y touched through a view %d\n", x_used,
+            y_untouched, y_by_view);
+    exit(178);
+  }
+  if (atomic_load(&mismatches))
+    exit(179);
+}
+
+static void test_launch_touches_named_allocations(void **state)
+{
+  (void)state;
+  assert_int_equal(in_child(launch_touches_named, NULL), 0);
 }
 
 /* Work captured into a CUDA graph is not run when launched: psshim must add no event or
@@ -1330,6 +1372,7 @@ int main(void)
       cmocka_unit_test(test_no_move_under_held_stream),
       cmocka_unit_test(test_host_held_within_runahead),
       cmocka_unit_test(test_deleted_span_gives_back_mark),
+      cmocka_unit_test(test_launch_touches_named_allocations),
   };
   if (getenv("TEST_FILTER")) /* e.g. TEST_FILTER=*pager* to run one test under a debugger */
     cmocka_set_test_filter(getenv("TEST_FILTER"));
