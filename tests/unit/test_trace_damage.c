@@ -270,12 +270,6 @@ static void test_foreign_files(void **state) {
   unlink(path);
 }
 
-static int remove_small(void **state) {
-  (void)state;
-  unlink(small_trace());
-  return 0;
-}
-
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_truncated_everywhere),
@@ -286,5 +280,5 @@ int main(void) {
     cmocka_unit_test(test_foreign_files),
     cmocka_unit_test(test_iteration_without_pager_totals),
   };
-  return cmocka_run_group_tests(tests, NULL, remove_small);
+  return cmocka_run_group_tests(tests, NULL, test_trace_remove_all);
 }

@@ -101,5 +101,5 @@ int main(void) {
     cmocka_unit_test(test_killed_while_paced),
     cmocka_unit_test(test_killed_while_flooding),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return cmocka_run_group_tests(tests, NULL, test_trace_remove_all);
 }

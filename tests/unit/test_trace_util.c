@@ -6,14 +6,26 @@
 #include <string.h>
 #include <unistd.h>
 
+/* Every distinct path handed out, so that a group teardown removes what a failed test (its
+ * assertion jumps past its own unlink) left behind. */
+static char paths[32][512];
+static int npaths;
+
 const char *test_trace_path(const char *name) {
-  static char paths[8][512];
-  static int next;
-  char *p = paths[next++ % 8];
+  char p[512];
   const char *dir = getenv("TMPDIR");
-  snprintf(p, sizeof paths[0], "%s/psshim-test-%d-%s.trace", dir && *dir ? dir : "/tmp",
-           (int)getpid(), name);
-  return p;
+  snprintf(p, sizeof p, "%s/psshim-test-%d-%s.trace", dir && *dir ? dir : "/tmp", (int)getpid(), name);
+  for (int i = 0; i < npaths; i++)
+    if (!strcmp(paths[i], p)) return paths[i];
+  if (npaths == 32) abort(); /* more names than a test program uses: raise the bound */
+  memcpy(paths[npaths], p, sizeof p);
+  return paths[npaths++];
+}
+
+int test_trace_remove_all(void **state) {
+  (void)state;
+  for (int i = 0; i < npaths; i++) unlink(paths[i]);
+  return 0;
 }
 
 static void *dup_bytes(const void *p, size_t n) {

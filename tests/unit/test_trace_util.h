@@ -16,8 +16,11 @@ struct trace_read {
   int opened;
 };
 
-/* A fresh path under $TMPDIR (or /tmp) with name in it; static storage per call slot. */
+/* A path under $TMPDIR (or /tmp) with name and the process id in it; the same name gives
+ * the same path. */
 const char *test_trace_path(const char *name);
+/* Removes every file test_trace_path named (a cmocka group teardown). */
+int test_trace_remove_all(void **state);
 /* Reads path to its end. Returns opened (the reader could read the header). */
 int test_trace_read(const char *path, struct trace_read *out);
 void test_trace_read_free(struct trace_read *t);
