@@ -310,14 +310,6 @@ CUresult psa_move(struct device *d, uint64_t chunk, enum psa_where to);
  * the frame of the model chunk on the GPU needed farthest after `need` (Belady), paged out
  * and waited for; PSA_NO_FRAME when none is needed later. Drops d->lock. */
 uint32_t psa_frame_for(struct device *d, uint64_t period, uint64_t need);
-/* Young allocations by next use: an allocation of nchunks that found no GPU room pages out,
- * once the iteration's period is known, the live GPU chunks needed farthest ahead, young or
- * not, each needed beyond the run-ahead window (it could not come back in time otherwise),
- * until that many GPU frames are free, makeable or held by empty spans (which spans.c takes
- * back as it maps), and waits for the copies out. Without it the allocation lands in host
- * frames, where the kernels that use it next read it across PCIe, a GEMM's operand many
- * times over. True when a GPU frame can be had. Drops d->lock. */
-bool psa_room_for_alloc(struct device *d, uint64_t nchunks);
 /* Whether a move of the chunk may start now: mapped, its own, no launch in flight, every
  * launch that touched it passed, its last move's copy done, its span not being built. */
 bool psa_movable(struct device *d, uint64_t chunk);

@@ -239,30 +239,23 @@ static _Thread_local bool tls_mover; /* this thread is a device's mover */
  * back, lets at most MOVER_COPIES_AHEAD run before it remaps. Drops d->lock. */
 #define MOVER_COPIES_AHEAD 8
 
-/* Waits for the work before mark m with d->lock dropped, so launches go on meanwhile;
- * returns the time it waited, or 0 on an error (the pager's own checks find it). */
-static uint64_t mark_wait_unlocked(struct device *d, struct psa_mark *m)
-{
-  if (mark_passed(d, m, false))
-    return 1;
-  m->refs++;
-  uint64_t start = psa_now_ns();
-  pthread_mutex_unlock(&d->lock);
-  CUresult r = ps_driver.cuEventSynchronize(m->event);
-  pthread_mutex_lock(&d->lock);
-  m->done = m->done || r == CUDA_SUCCESS;
-  mark_put(d, m);
-  return r == CUDA_SUCCESS ? psa_now_ns() - start + 1 : 0;
-}
-
 static void copies_settle(struct device *d)
 {
   while (tls_mover && d->pager.ncopying >= MOVER_COPIES_AHEAD) {
     uint64_t chunk = d->pager.copying[0];
-    uint64_t waited = mark_wait_unlocked(d, d->chunks[chunk].copy);
-    if (!waited)
-      return;
-    d->stats.copy_settle_ns += waited - 1;
+    struct psa_mark *m = d->chunks[chunk].copy;
+    if (!mark_passed(d, m, false)) {
+      m->refs++;
+      uint64_t start = psa_now_ns();
+      pthread_mutex_unlock(&d->lock);
+      CUresult r = ps_driver.cuEventSynchronize(m->event);
+      pthread_mutex_lock(&d->lock);
+      d->stats.copy_settle_ns += psa_now_ns() - start;
+      m->done = m->done || r == CUDA_SUCCESS;
+      mark_put(d, m);
+      if (r != CUDA_SUCCESS)
+        return; /* an error: the pager's own checks find it */
+    }
     psa_copy_done(d, chunk, false);
   }
 }
@@ -495,7 +488,7 @@ struct survey {
 };
 
 static void survey(struct device *d, uint64_t now, uint64_t period, bool crowded, struct survey *s, psp_cand *fetch,
-                   psp_cand *victims, bool any_live)
+                   psp_cand *victims)
 {
   *s = (struct survey){.room = d->fr.gpu_limit - d->fr.gpu_held};
   for (uint64_t i = 0; i < d->space.chunks_high; i++) {
@@ -514,9 +507,8 @@ static void survey(struct device *d, uint64_t now, uint64_t period, bool crowded
       continue;
     if (gpu && victims) {
       /* Victims are model data and young chunks that wait: the other young keep their
-       * frames (the margin), and an empty span's frame goes to the next allocation anyway.
-       * Room for an allocation (any_live) weighs every live chunk by its next use alone. */
-      if (live && (!yng || waiting || any_live))
+       * frames (the margin), and an empty span's frame goes to the next allocation anyway. */
+      if (live && (!yng || waiting))
         victims[s->nvictims++] = (psp_cand){.chunk = (uint32_t)i, .bytes = d->chunk_size, .dirty = true,
                                             .next_use = predicted_next(c, now, period)};
     } else if (!gpu && fetch) {
@@ -559,7 +551,7 @@ uint32_t psa_frame_for(struct device *d, uint64_t period, uint64_t need)
     return psa_frame_take(d, PSA_GPU);
   psp_cand *victims = d->pager.cands + d->nchunks;
   struct survey sv;
-  survey(d, d->pager.clock, period, margin > d->fr.gpu_limit, &sv, NULL, victims, false);
+  survey(d, d->pager.clock, period, margin > d->fr.gpu_limit, &sv, NULL, victims);
   for (size_t v = 0; v < sv.nvictims && victims[v].next_use > need; v++) {
     uint64_t chunk = victims[v].chunk;
     if (!psa_movable(d, chunk) || psa_move(d, chunk, PSA_HOST) != CUDA_SUCCESS)
@@ -569,37 +561,6 @@ uint32_t psa_frame_for(struct device *d, uint64_t period, uint64_t need)
     return psa_frame_take(d, PSA_GPU);
   }
   return PSA_NO_FRAME;
-}
-
-bool psa_room_for_alloc(struct device *d, uint64_t nchunks)
-{
-  uint64_t period = d->pager.predicted_for, now = d->pager.clock, start = psa_now_ns();
-  if (!period || atomic_load(&paging_off) || !ensure_copy_streams(d))
-    return false;
-  bool own = ps_in_own_calls();
-  if (!own)
-    ps_own_work(true); /* the moves' copies and waits are not the program's moments */
-  psp_cand *victims = d->pager.cands + d->nchunks;
-  struct survey sv;
-  survey(d, now, period, true, &sv, NULL, victims, true);
-  for (size_t v = 0; v < sv.nvictims && sv.room < nchunks && victims[v].next_use > now + ps_options.runahead; v++) {
-    if (!copy_slots_free(d, 1) && d->pager.ncopying) {
-      if (!mark_wait_unlocked(d, d->chunks[d->pager.copying[0]].copy))
-        break;
-      psa_moves_poll(d);
-    }
-    if (psa_movable(d, victims[v].chunk) && psa_move(d, victims[v].chunk, PSA_HOST) == CUDA_SUCCESS) {
-      sv.room++;
-      d->stats.room_page_outs++;
-    }
-  }
-  /* The frames left behind are wanted now: wait for the copies out of them. */
-  while (d->pager.ndeferred && mark_wait_unlocked(d, d->pager.deferred[0].copy))
-    psa_moves_poll(d);
-  if (!own)
-    ps_own_work(false);
-  d->stats.room_ns += psa_now_ns() - start;
-  return sv.room > 0;
 }
 
 /* Nothing moves until the iteration's period is known: without it nothing tells the
@@ -629,7 +590,7 @@ static void plan(struct device *d, uint64_t now, uint64_t period)
   /* Judged before this moment is noted, since counting needs it. */
   bool crowded = coming_margin(d, now, period) > d->fr.gpu_limit;
   struct survey sv;
-  survey(d, now, period, crowded, &sv, fetch, victims, false);
+  survey(d, now, period, crowded, &sv, fetch, victims);
   d->stats.scan_ns += psa_now_ns() - scan_start;
   if (sv.young_all > d->pager.margin) /* counted in host frames too: what did not fit counts */
     d->stats.margin_frames = d->pager.margin = sv.young_all;
