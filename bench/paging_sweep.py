@@ -107,12 +107,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--python", default=sys.executable,
                    help="interpreter for gpt_train.py (default: this one)")
     p.add_argument("--dry-run", action="store_true", help="print the commands and exit")
-    p.add_argument("--merge", nargs="+", metavar="JSON[:RATIOS][@BUILD]",
+    p.add_argument("--merge", nargs="+", metavar="JSON[:RATIOS][#METHODS][@BUILD]",
                    help="run nothing: join the runs of these sweep JSONs (one preset and peak; "
                         "each run keeps its own call's native reference) into --out, its plot "
                         "and tables, when one device call cannot hold every ratio; only the runs "
-                        "of RATIOS and --methods are kept, and BUILD names the build of psshim "
-                        "runs that do not name one")
+                        "of RATIOS and of METHODS (comma separated; default --methods) are kept, "
+                        "and BUILD names the build of psshim runs that do not name one")
     argv = sys.argv[1:] if argv is None else list(argv)
     cut = argv.index("--") if "--" in argv else len(argv)
     a = p.parse_args(argv[:cut])
@@ -617,10 +617,14 @@ def report(a, sweep: dict) -> int:
 
 
 def merge_part(item: str, methods: list) -> dict:
-    """One --merge item, PATH[:RATIOS][@BUILD]: the sweep JSON at PATH with only the runs of
-    RATIOS (comma separated; default all) and of `methods`; BUILD names the build of its psshim
-    runs that do not name one (parts run before runs recorded it)."""
+    """One --merge item, PATH[:RATIOS][#METHODS][@BUILD]: the sweep JSON at PATH with only the
+    runs of RATIOS (comma separated; default all) and of METHODS (default `methods`), so that
+    one part can give a ratio's peer and another the build of psshim the sweep is of; BUILD
+    names the build of its psshim runs that do not name one (parts run before runs recorded it)."""
     path, _, build = item.partition("@")
+    path, _, only = path.partition("#")
+    if only:
+        methods = [m for m in parse_methods(only) if m in methods]
     path, _, ratios = path.rpartition(":") if ":" in path else (path, "", "")
     keep = set(parse_floats(ratios)) if ratios else None
     part = json.load(open(path))

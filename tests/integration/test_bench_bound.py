@@ -45,8 +45,8 @@ with tempfile.TemporaryDirectory() as d:
     assert paging_sweep.build_of(None) is None
 print("build ok")
 
-# --merge PATH:RATIOS@BUILD keeps only those ratios' runs of --methods and names the build of
-# psshim runs that do not name one.
+# --merge PATH:RATIOS#METHODS@BUILD keeps only those ratios' runs of those of --methods, and
+# names the build of psshim runs that do not name one.
 import json  # noqa: E402
 with tempfile.TemporaryDirectory() as d:
     path = os.path.join(d, "part.json")
@@ -59,4 +59,9 @@ with tempfile.TemporaryDirectory() as d:
                             {"ratio": 1.25, "method": "fsdp-offload"}], part
     part = paging_sweep.merge_part(path + "@abc", ["psshim-auto"])
     assert [r.get("build") for r in part["runs"]] == ["abc", "old"], part
+    # #METHODS narrows --methods for one part (a peer's runs from one call, psshim's from another).
+    part = paging_sweep.merge_part(path + ":1.25#fsdp-offload", ["psshim-auto", "fsdp-offload"])
+    assert part["runs"] == [{"ratio": 1.25, "method": "fsdp-offload"}], part
+    part = paging_sweep.merge_part(path + "#fsdp-offload", ["psshim-auto"])
+    assert part["runs"] == [], part
 print("merge ok")
