@@ -121,8 +121,8 @@ static bool budgets(struct device *d)
  * of 0.707 (bench/results/study_run35.json; 2M: 96.5%, 0.686 s). At 3x the budget 16M was
  * faster, before the pager paged the iteration's own allocations (1.52 against 1.94 s,
  * paging_sweep_gpt2.7b_run38_16M.json and _run37.json) and after (1.520 against 1.696 s,
- * study_run46.json and paging_sweep_gpt2.7b_run44.json), but no longer with launch state per
- * span (1.702 against 1.664 s, chunk16_ab_2026-12-02_97c2573/). */
+ * study_run46.json and paging_sweep_gpt2.7b_run44.json), but not with launch state per span
+ * (1.702 against 1.664 s, chunk16_ab_2026-12-02_97c2573/); with it per chunk, not measured. */
 #define PSA_DEFAULT_CHUNK (4ull << 20)
 
 static bool settle_chunk_size(struct device *d)
