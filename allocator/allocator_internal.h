@@ -91,7 +91,12 @@ struct chunk {
   struct psa_mark *users[PSA_USER_MARKS]; /* after the launches that touched it, by stream */
   uint64_t last_use;
   uint64_t next_use; /* predicted from uses (0: not yet), valid while later than the plan */
-  uint64_t uses[PSA_USES]; /* the latest moments that touched it (+1; 0 = empty), a ring */
+};
+
+/* A chunk's latest uses (pager.c), kept apart from struct chunk so that a plan's pass over
+ * every chunk reads small records: in one, the uses only of chunks whose prediction is due. */
+struct chunk_uses {
+  uint64_t at[PSA_USES]; /* the latest moments that touched it (+1; 0 = empty), a ring */
 };
 
 struct alloc_entry {
@@ -129,6 +134,7 @@ struct device {
   bool host_numa; /* HOST_NUMA frames work; else plain HOST */
   bool exportable; /* frames are made exportable as file descriptors (CUDA IPC, ipc.c) */
   struct chunk *chunks; /* entries: d->lock */
+  struct chunk_uses *uses; /* one per chunk: d->lock */
   /* The chunk space and the allocations in it (space.c, spans.c, alloc_map.c): d->lock. */
   struct {
     struct span *spans[3]; /* by where: GPU and HOST lists */

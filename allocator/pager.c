@@ -124,7 +124,7 @@ void psa_span_forget_users(struct device *d, struct span *s)
       mark_put(d, c->users[--c->nusers]);
     c->use_pos = 0;
     c->last_use = c->next_use = 0;
-    memset(c->uses, 0, sizeof c->uses);
+    memset(&d->uses[i], 0, sizeof d->uses[i]);
   }
 }
 
@@ -452,12 +452,13 @@ static bool young(const struct span *s, uint64_t now, uint64_t period)
   return now - s->last_alloc < period;
 }
 
-static uint64_t predicted_next(struct chunk *c, uint64_t now, uint64_t period)
+static uint64_t predicted_next(struct device *d, uint64_t chunk, uint64_t now, uint64_t period)
 {
+  struct chunk *c = &d->chunks[chunk];
   /* A prediction later than now stands until the chunk is used again (enter_span clears
    * it): the uses within the window that gave it are still within it. */
   if (c->next_use <= now)
-    c->next_use = psp_predict_next(c->uses, PSA_USES, now, period);
+    c->next_use = psp_predict_next(d->uses[chunk].at, PSA_USES, now, period);
   return c->next_use;
 }
 
@@ -466,9 +467,10 @@ static uint64_t predicted_next(struct chunk *c, uint64_t now, uint64_t period)
  * pass far ahead), in a part of the iteration whose own allocations outgrow the GPU
  * (`crowded`, see coming_margin): then it needs no GPU frame for that part, and gives its
  * frame to the allocations made meanwhile. A chunk not used yet does not wait. */
-static bool waits(struct chunk *c, uint64_t now, uint64_t period, bool crowded)
+static bool waits(struct device *d, uint64_t chunk, uint64_t now, uint64_t period, bool crowded)
 {
-  return crowded && c->last_use && predicted_next(c, now, period) >= now + period / MARGIN_LOOKAHEAD;
+  return crowded && d->chunks[chunk].last_use &&
+         predicted_next(d, chunk, now, period) >= now + period / MARGIN_LOOKAHEAD;
 }
 
 /* What a plan needs of the chunks, in one pass over them (at 3x over budget on the 2.68B
@@ -497,7 +499,7 @@ static void survey(struct device *d, uint64_t now, uint64_t period, bool crowded
       continue;
     struct span *sp = c->span;
     bool gpu = on(d, c, PSA_GPU), live = sp->live_allocs, yng = live && young(sp, now, period);
-    bool waiting = yng && waits(c, now, period, crowded);
+    bool waiting = yng && waits(d, i, now, period, crowded);
     s->room += gpu && !live;
     s->young_all += yng;
     s->waiting += waiting;
@@ -510,13 +512,13 @@ static void survey(struct device *d, uint64_t now, uint64_t period, bool crowded
        * frames (the margin), and an empty span's frame goes to the next allocation anyway. */
       if (live && (!yng || waiting))
         victims[s->nvictims++] = (psp_cand){.chunk = (uint32_t)i, .bytes = d->chunk_size, .dirty = true,
-                                            .next_use = predicted_next(c, now, period)};
+                                            .next_use = predicted_next(d, i, now, period)};
     } else if (!gpu && fetch) {
-      uint64_t next = predicted_next(c, now, period);
+      uint64_t next = predicted_next(d, i, now, period);
       /* Not expected soon, or cheaper read in place: not fetched. Fetches want the soonest:
        * the victims' order with next uses reversed. */
       if (next != PSP_NEVER &&
-          psp_fetch_pays(psp_uses_within(c->uses, PSA_USES, now, period), use_ns(d), d->pager.move_ns_mean))
+          psp_fetch_pays(psp_uses_within(d->uses[i].at, PSA_USES, now, period), use_ns(d), d->pager.move_ns_mean))
         fetch[s->nfetch++] = (psp_cand){.chunk = (uint32_t)i, .bytes = d->chunk_size, .dirty = true,
                                         .next_use = PSP_NEVER - next};
     }
@@ -624,9 +626,9 @@ static void plan(struct device *d, uint64_t now, uint64_t period)
       d->stats.plans_belady += v < nv;
       return;
     }
-    struct chunk *victim = &d->chunks[victims[v].chunk];
-    if (!psp_swap_pays(psp_uses_within(d->chunks[chunk].uses, PSA_USES, now, period),
-                       psp_uses_within(victim->uses, PSA_USES, now, period), use_ns(d), d->pager.move_ns_mean)) {
+    if (!psp_swap_pays(psp_uses_within(d->uses[chunk].at, PSA_USES, now, period),
+                       psp_uses_within(d->uses[victims[v].chunk].at, PSA_USES, now, period), use_ns(d),
+                       d->pager.move_ns_mean)) {
       d->stats.plans_no_gain++;
       continue; /* a later fetch, used more often, may still pay */
     }
@@ -793,7 +795,7 @@ static void enter_span(struct device *d, struct span *s, const struct chunk_rang
       if (c->last_use != use) {
         c->last_use = use;
         c->next_use = 0;
-        c->uses[c->use_pos++ % PSA_USES] = use;
+        d->uses[i].at[c->use_pos++ % PSA_USES] = use;
       }
       if (checked)
         enter_chunk(d, i, v);

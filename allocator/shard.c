@@ -391,7 +391,7 @@ static void gather_used(struct device *d, uint64_t period)
   for (uint64_t i = 0; i < d->nchunks; i++) {
     const struct chunk *c = &d->chunks[i];
     st->sums[i] = !st->comm_failed && c->frame == psa_shared_frame(d) &&
-                  psp_predict_next(c->uses, PSA_USES, d->pager.clock, period) != PSP_NEVER;
+                  psp_predict_next(d->uses[i].at, PSA_USES, d->pager.clock, period) != PSP_NEVER;
     wanted += st->sums[i];
   }
   if (!psc_agree_checksums(st->sums, d->nchunks, st->agree)) {
@@ -401,7 +401,7 @@ static void gather_used(struct device *d, uint64_t period)
   for (uint64_t i = 0; i < d->nchunks; i++)
     if (st->agree[i] && d->chunks[i].span) { /* taking a frame may drop the lock: the span may go */
       st->gather_frame[i] =
-          psa_frame_for(d, period, psp_predict_next(d->chunks[i].uses, PSA_USES, d->pager.clock, period));
+          psa_frame_for(d, period, psp_predict_next(d->uses[i].at, PSA_USES, d->pager.clock, period));
       if (st->gather_frame[i] == PSA_NO_FRAME)
         break; /* no frame: the others are not tried (each try scans every chunk) */
     }

@@ -205,11 +205,12 @@ static bool setup(struct device *d, int ordinal)
     return false;
   }
   d->chunks = calloc(d->nchunks, sizeof *d->chunks);
+  d->uses = calloc(d->nchunks, sizeof *d->uses);
   d->fr.frames = calloc(d->max_frames + 2, sizeof *d->fr.frames); /* and psa_shared_frame */
   d->pager.cands = calloc(2 * d->nchunks, sizeof *d->pager.cands); /* fetches, then victims */
   if (ps_options.policy != PS_POLICY_STATIC)
     d->pager.recent = calloc(psa_hold_slots(ps_options.runahead), sizeof *d->pager.recent);
-  if (!d->chunks || !d->fr.frames || !d->pager.cands || (ps_options.policy != PS_POLICY_STATIC && !d->pager.recent)) {
+  if (!d->chunks || !d->uses || !d->fr.frames || !d->pager.cands || (ps_options.policy != PS_POLICY_STATIC && !d->pager.recent)) {
     ps_error("out of host memory for chunk tables");
     return false;
   }
