@@ -12,7 +12,7 @@ cd "$(dirname "$0")/../.."
 G=$PWD/.gpu
 OUT=${OUT:-/tmp/psshim-mover-ab}
 W=/tmp/mover-ab
-mkdir -p "$OUT" "$W"
+rm -rf "$W" && mkdir -p "$OUT" "$W" # a second call in one device run must not pack the first one's runs
 export LD_LIBRARY_PATH=$G${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONUNBUFFERED=1
 python3 bench/paging_sweep.py --psshim-lib "$G/libpsshim.so" --psshim-lib-base "$G/libpsshim-base.so" \
   --preset gpt2.7b --ratios "${MOVER_AB_RATIOS:-1.25,3}" --methods "${MOVER_AB_METHODS:-psshim-auto,psshim-auto-base}" \
