@@ -149,6 +149,9 @@ void rp_accesses_free(struct rp_accesses *a);
 
 /* ---- outputs; each returns false after one line on stderr ---- */
 bool rp_text(const struct rp_trace *t, const struct rp_chunks *cs, FILE *out);
+/* The PAGE-OUTS section: what came of each chunk the steady phase paged out, up to its next
+ * page-in (nothing when there is no steady phase or it paged nothing out). */
+bool rp_pageouts(const struct rp_trace *t, FILE *out);
 bool rp_perfetto(const struct rp_trace *t, const char *path);
 bool rp_html(const struct rp_trace *t, const struct rp_chunks *cs, const struct rp_accesses *a, const char *path);
 /* The recorded accesses packed first-fit into chunks of chunk_size, as the allocator

@@ -116,6 +116,31 @@ check "html: no mangled name left" bash -c "! grep -q '_ZN' '$dir/run.html'"
 check "text: the allocator's frame skipped" grep -q '^      (1 frame of the allocators above)$' "$dir/out.txt"
 check "text: a mangled site demangled" grep -q '^      synth::Adam::init_state()+0x' "$dir/out.txt"
 
+# PAGE-OUTS: the steady phase's page-outs all come back before a launch names them, or stay.
+read -r outs back still < <(sed -n 's/^pageouts //p' "$dir/expect")
+section() { sed -n '/^PAGE-OUTS/,/^$/p' "$1"; }
+check "page-outs: $outs, named 0 times while out" \
+  grep -q "^  $outs chunks paged out in 3 iterations (.*); launches named them 0 times while in host frames$" <(section "$dir/out.txt")
+check "page-outs: $back back untouched" \
+  grep -Eq "^  back on the GPU before any launch named them +$back " <(section "$dir/out.txt")
+if [ "$still" -gt 0 ]; then
+  check "page-outs: $still still out" grep -Eq "^  still out at the end +$still " <(section "$dir/out.txt")
+else
+  check "page-outs: none still out" bash -c "! grep -q '^  still out' <(sed -n '/^PAGE-OUTS/,/^\$/p' '$dir/out.txt')"
+fi
+# Every ending, one chunk each, on a trace made for it.
+"$synth" "$dir/fates.trace" fates > "$dir/fates.expect" && "$report" "$dir/fates.trace" > "$dir/fates.txt" 2>&1
+check "fates: trace written and reported" test $? -eq 0
+read -r nouts ntouch < <(sed -n 's/^fates //p' "$dir/fates.expect")
+check "fates: $nouts page-outs, named $ntouch times while out" \
+  grep -q "^  $nouts chunks paged out in 2 iterations (.*); launches named them $ntouch times while in host frames$" \
+  <(section "$dir/fates.txt")
+while IFS='|' read -r name count; do
+  name=${name#fate }
+  check "fates: $name $count" grep -q "^  $(printf '%-48s %8s' "$name" "$count")  " <(section "$dir/fates.txt")
+done < <(grep '^fate ' "$dir/fates.expect")
+check "fates: nothing else" test "$(section "$dir/fates.txt" | grep -c '%$')" -eq "$(grep -c '^fate ' "$dir/fates.expect")"
+
 # A torn trace: what was readable is reported, exit 2, the problem on stderr.
 size=$(stat -c %s "$dir/run.trace")
 head -c $((size - 100)) "$dir/run.trace" > "$dir/torn.trace"

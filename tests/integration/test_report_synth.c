@@ -13,7 +13,14 @@
  * <pager ms> <late waits>"
  * for each steady iteration (the HTML's table row). Every allocation's stack starts in a
  * frame named like torch's allocator (c10::cuda::CUDACachingAllocator::allocate, mangled)
- * that the report skips; the state's site is a mangled C++ name, synth::Adam::init_state(). */
+ * that the report skips; the state's site is a mangled C++ name, synth::Adam::init_state().
+ * It also prints "pageouts <N> <back untouched> <still out>": the steady phase's page-outs
+ * (they all come back before a launch names them, or stay out).
+ *
+ * usage: test_report_synth OUT.trace fates
+ * Writes a small trace instead whose steady phase pages out one chunk for each way a
+ * page-out can end (PAGE-OUTS), and prints the section's lines it must give, "fate <name>|<count>",
+ * and "fates <page-outs> <launches that named them while out>". */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +43,8 @@ static uint64_t params_gpu_mib; /* the parameters' MiB on the GPU at the last pe
 static uint64_t paged_in[ITERS + EVALS], paged_out[ITERS + EVALS]; /* bytes paged during each iteration */
 static uint64_t mark_ns[ITERS + EVALS + 1]; /* when each iteration's mark was written */
 static int current;
+static bool pending[LAYERS + 1];     /* paged out in the steady phase, not back yet */
+static uint64_t steady_outs, steady_back; /* those page-outs, and those that came back */
 
 static void emit(struct pst_record r) {
   if (!r.ts_ns) r.ts_ns = now;
@@ -64,6 +73,13 @@ static void migrate(uint32_t chunk, int dir, int reason) {
   emit((struct pst_record){ .type = PST_REC_CHUNK,
                             .chunk = { chunk, dir == PST_DIR_H2D ? PST_CHUNK_FRAME_GPU : PST_CHUNK_FRAME_HOST, BASE + chunk * CHUNK, CHUNK } });
   on_gpu[chunk] = dir == PST_DIR_H2D;
+  if (dir == PST_DIR_D2H && current >= WARMUP && current < ITERS - 1) { /* between the steady marks */
+    pending[chunk] = true;
+    steady_outs++;
+  } else if (dir == PST_DIR_H2D && pending[chunk]) {
+    pending[chunk] = false;
+    steady_back++;
+  }
   moved_bytes[dir][reason] += CHUNK;
   *(dir == PST_DIR_H2D ? &paged_in[current] : &paged_out[current]) += CHUNK;
   moved_times[dir][reason]++;
@@ -199,9 +215,73 @@ static void evaluation(int it) {
   for (uint32_t l = LAYERS - 4; l < LAYERS; l++) launch("ampere_bf16_gemm_eval", l, it, 0, false);
 }
 
+/* The fates trace: 2 MiB chunks; three marks of one period, the steady phase between the
+ * first and the last; in it, one chunk paged out for each ending (chunk 6 before it). */
+#define FBASE 0x7e0000000000ull
+#define FCHUNK (2 * MIB)
+static void fate_alloc(uint64_t chunk, uint64_t off, uint64_t size) {
+  emit((struct pst_record){ .type = PST_REC_ALLOC, .alloc = { FBASE + chunk * FCHUNK + off, size, 0x100, 0, (uint32_t)chunk, PST_PLACE_GPU } });
+  advance(1000);
+}
+static void fate_free(uint64_t chunk, uint64_t off) {
+  emit((struct pst_record){ .type = PST_REC_FREE, .free = { FBASE + chunk * FCHUNK + off, 0x100 } });
+  advance(1000);
+}
+static void fate_move(uint32_t chunk, int dir) {
+  emit((struct pst_record){ .type = PST_REC_MIGRATION, .migration = { chunk, (uint16_t)dir, dir == PST_DIR_H2D ? PST_REASON_PREFETCH : PST_REASON_EVICT, FCHUNK, now, now + 1000 } });
+  advance(1000);
+}
+static void fate_launch(uint64_t chunk, uint64_t off) {
+  const uint64_t ptrs[] = { FBASE + chunk * FCHUNK + off };
+  emit((struct pst_record){ .type = PST_REC_LAUNCH, .launch = { 0x100, launches++, pst_trace_intern("k"), 1, ptrs } });
+  advance(1000);
+}
+static void fate_mark(uint64_t it) {
+  emit((struct pst_record){ .type = PST_REC_ITERATION, .iteration = { .iteration = it, .period = 10 } });
+  advance(1000);
+}
+
+static int fates(const char *path) {
+  const struct pst_trace_header h = { .chunk_size = FCHUNK, .gpu_budget = 8 * FCHUNK, .host_budget = 64 * FCHUNK,
+                                      .device = "NVIDIA H200 (synthetic)", .space_base = FBASE,
+                                      .space_size = 64 * FCHUNK, .start_ns = T0, .wall_ns = 1764403200000000000ull };
+  if (!pst_trace_open(path, &h)) return 1;
+  for (uint64_t c = 0; c < 8; c++) fate_alloc(c, 0, c == 4 ? MIB : c == 7 ? 2 * FCHUNK : FCHUNK);
+  fate_alloc(4, MIB, MIB);            /* chunk 4 holds two allocations */
+  fate_move(6, PST_DIR_D2H);          /* before the steady phase: not counted */
+  fate_mark(0);
+  fate_mark(1);
+  fate_move(6, PST_DIR_H2D);
+  for (uint32_t c = 0; c < 6; c++) fate_move(c, PST_DIR_D2H);
+  fate_move(8, PST_DIR_D2H);          /* the second chunk of chunk 7's allocation */
+  fate_move(0, PST_DIR_H2D);          /* back untouched */
+  fate_launch(1, 0);
+  fate_launch(1, 0);
+  fate_move(1, PST_DIR_H2D);          /* read in place twice, then back */
+  fate_free(2, 0);                    /* freed untouched */
+  fate_launch(3, 0);
+  fate_free(3, 0);                    /* read in place, then freed */
+  fate_free(4, 0);                    /* half of it freed: its data lives on */
+  fate_launch(4, MIB);
+  fate_free(4, MIB);                  /* read in place, then freed */
+  fate_launch(7, 0);                  /* names chunk 8 too */
+  emit((struct pst_record){ .type = PST_REC_CHUNK, .chunk = { 8, PST_CHUNK_RELEASED, FBASE + 8 * FCHUNK, FCHUNK } });
+  advance(1000);
+  fate_mark(2);                       /* chunk 5 stays out */
+  pst_trace_close();
+  printf("fate back on the GPU before any launch named them|1\n");
+  printf("fate read in place, then back on the GPU|1\n");
+  printf("fate freed untouched (the copy out bought nothing)|1\n");
+  printf("fate read in place, then freed|3\n");
+  printf("fate still out at the end|1\n");
+  printf("fates 7 5\n");
+  return 0;
+}
+
 int main(int argc, char **argv) {
+  if (argc == 3 && !strcmp(argv[2], "fates")) return fates(argv[1]);
   if (argc != 2) {
-    fprintf(stderr, "usage: test_report_synth OUT.trace\n");
+    fprintf(stderr, "usage: test_report_synth OUT.trace [fates]\n");
     return 1;
   }
   const struct pst_trace_header h = { .chunk_size = CHUNK, .gpu_budget = (SLOTS + 1) * CHUNK + 256 * MIB,
@@ -231,6 +311,8 @@ int main(int argc, char **argv) {
     printf("least %llu %.1f\n", (unsigned long long)budgets[b], (double)((2 * over + over_opt) * MIB) / 1e6);
   }
   printf("least-run %llu\n", (unsigned long long)budgets[0]);
+  printf("pageouts %llu %llu %llu\n", (unsigned long long)steady_outs, (unsigned long long)steady_back,
+         (unsigned long long)(steady_outs - steady_back));
   printf("least-paged %.1f\n", (double)paged_in[ITERS - 2] / 1e6); /* the report's window */
   for (int it = WARMUP; it < ITERS - 1; it++) /* the laps between the steady marks */
     printf("lap %d %.3f %.3f %d %.2f %.2f %.2f %llu %llu\n", it, (double)(mark_ns[it] - T0) / 1e9,
