@@ -1145,6 +1145,40 @@ static void test_growing_span_is_not_reclaimed(void **state)
   assert_int_equal(in_child(grow_idle_looking, NULL), 0);
 }
 
+/* An allocation that finds no GPU frame takes an idle span's back, and the statistics say
+ * so: one span, its one chunk. */
+static void reclaim_counted(void *arg)
+{
+  (void)arg;
+  start("4M", "64M"); /* two GPU frames */
+  CUdeviceptr x, y, z;
+  if (psa_alloc(0, 2 * MiB, PSA_SYNC_STREAM, &x) || psa_alloc(0, 2 * MiB, PSA_SYNC_STREAM, &y) ||
+      psa_free(x, 0, true))
+    exit(90);
+  struct psa_stats before, after;
+  psa_stats_get(&before);
+  if (psa_alloc(0, 4 * MiB, PSA_SYNC_STREAM, &z)) /* two chunks: x's idle span gives one frame */
+    exit(91);
+  psa_stats_get(&after);
+  if (psa_chunk_where(0, (uint64_t)psa_chunk_of(z, NULL)) != PSA_GPU)
+    exit(92);
+  if (after.reclaims - before.reclaims != 1 || after.reclaim_chunks - before.reclaim_chunks != 1 ||
+      after.reclaim_ns <= before.reclaim_ns) {
+    fprintf(stderr, "reclaim_counted: reclaims %llu, chunks %llu\n",
+            (unsigned long long)(after.reclaims - before.reclaims),
+            (unsigned long long)(after.reclaim_chunks - before.reclaim_chunks));
+    exit(93);
+  }
+  psa_free(y, 0, true);
+  psa_free(z, 0, true);
+}
+
+static void test_reclaim_counted(void **state)
+{
+  (void)state;
+  assert_int_equal(in_child(reclaim_counted, NULL), 0);
+}
+
 /* ---- both budgets exhausted ---- */
 
 static void exhaust(void *arg)
@@ -1353,6 +1387,7 @@ int main(void)
       cmocka_unit_test(test_stream_ordered_free),
       cmocka_unit_test(test_tensors_back_to_back),
       cmocka_unit_test(test_growing_span_is_not_reclaimed),
+      cmocka_unit_test(test_reclaim_counted),
       cmocka_unit_test(test_ram_limit_follows_cgroup),
       cmocka_unit_test(test_both_budgets_exhausted),
       cmocka_unit_test(test_migrate_roundtrip),
