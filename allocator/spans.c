@@ -290,24 +290,31 @@ static bool span_has(struct device *d, struct span *s, enum psa_where w)
   return false;
 }
 
-/* Takes back the frames of one idle span that holds a frame of kind `want`. A span with
- * any host frame is on the host list (span_where), so host frames are sought there only.
- * Its time, the search included, is counted: every page-out takes one back first. */
-static bool reclaim_one(struct device *d, enum psa_where want)
+/* An idle span that holds a frame of kind `want`. A span with any host frame is on the
+ * host list (span_where), so host frames are sought there only. */
+static struct span *idle_span(struct device *d, enum psa_where want)
 {
   static const enum psa_where lists[] = {PSA_GPU, PSA_HOST};
+  for (int k = want == PSA_HOST; k < 2; k++)
+    for (struct span *s = d->space.spans[lists[k]]; s; s = s->next)
+      if (span_has(d, s, want) && psa_span_idle(d, s))
+        return s;
+  return NULL;
+}
+
+/* Takes back the frames of one such span. Its time, the search included, is counted:
+ * every page-out takes one back first. */
+static bool reclaim_one(struct device *d, enum psa_where want)
+{
   uint64_t start = psa_now_ns();
-  bool found = false;
-  for (int k = want == PSA_HOST; k < 2 && !found; k++)
-    for (struct span *s = d->space.spans[lists[k]]; s && !found; s = s->next)
-      if (span_has(d, s, want) && psa_span_idle(d, s)) {
-        d->stats.reclaims++;
-        d->stats.reclaim_chunks += s->nchunks;
-        psa_span_delete(d, s);
-        found = true;
-      }
+  struct span *s = idle_span(d, want);
+  if (s) {
+    d->stats.reclaims++;
+    d->stats.reclaim_chunks += s->nchunks;
+    psa_span_delete(d, s);
+  }
   d->stats.reclaim_ns += psa_now_ns() - start;
-  return found;
+  return s != NULL;
 }
 
 uint32_t psa_host_frame(struct device *d)
