@@ -89,6 +89,9 @@ bool rp_laps_build(const struct rp_trace *t, const struct rp_chunks *cs, struct 
 void rp_laps_free(struct rp_laps *laps);
 
 /* ---- derived: kernels reading host frames in place ---- */
+/* The bytes of an allocation at addr of size bytes that lie in the trace's chunk space (a
+ * damaged size reaches no further than its end); 0 when addr is outside it. */
+uint64_t rp_in_space(const struct rp_trace *t, uint64_t addr, uint64_t size);
 /* An allocation's (alloc, an ALLOC record) bytes in chunks on the GPU and in host frames
  * at time ts, added to *gpu and *host. */
 void rp_split(const struct rp_trace *t, const struct rp_chunks *cs, const struct pst_record *alloc, uint64_t ts,

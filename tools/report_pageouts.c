@@ -27,13 +27,18 @@ static bool grow_to(struct pageouts *p, size_t chunk) {
   return true;
 }
 
-/* The chunks [first, end) an allocation at addr of size bytes holds bytes of; false when it
- * lies outside the chunk space. */
+/* The chunks of the trace's chunk space: no damaged id makes the tables larger. */
+static uint64_t space_chunks(const struct rp_trace *t) {
+  return t->hdr.chunk_size ? t->hdr.space_size / t->hdr.chunk_size : 0;
+}
+
+/* The chunks [first, end) an allocation at addr of size bytes holds bytes of, within the
+ * chunk space (rp_in_space); false when it has none there. */
 static bool chunks_of(const struct rp_trace *t, uint64_t addr, uint64_t size, size_t *first, size_t *end) {
-  const struct pst_trace_header *h = &t->hdr;
-  if (!h->chunk_size || !size || addr < h->space_base || addr - h->space_base >= h->space_size) return false;
-  *first = (addr - h->space_base) / h->chunk_size;
-  *end = (addr - h->space_base + size - 1) / h->chunk_size + 1;
+  const uint64_t len = rp_in_space(t, addr, size), off = addr - t->hdr.space_base;
+  if (!len) return false;
+  *first = off / t->hdr.chunk_size;
+  *end = (off + len - 1) / t->hdr.chunk_size + 1;
   return true;
 }
 
@@ -65,7 +70,7 @@ bool rp_pageouts(const struct rp_trace *t, FILE *f) {
       settle(&p, r->chunk.id, FREED, FREED_READ);
     } else if (r->type == PST_REC_MIGRATION && r->migration.direction == PST_DIR_H2D) {
       settle(&p, r->migration.chunk, BACK, BACK_READ);
-    } else if (r->type == PST_REC_MIGRATION && i > first && i < last) {
+    } else if (r->type == PST_REC_MIGRATION && i > first && i < last && r->migration.chunk < space_chunks(t)) {
       ok = grow_to(&p, r->migration.chunk);
       if (ok && !p.touches[r->migration.chunk]) {
         p.touches[r->migration.chunk] = 1;

@@ -5,10 +5,18 @@
 
 #include "tools/report.h"
 
+uint64_t rp_in_space(const struct rp_trace *t, uint64_t addr, uint64_t size) {
+  const struct pst_trace_header *h = &t->hdr;
+  if (!h->chunk_size || addr < h->space_base || addr - h->space_base >= h->space_size) return 0;
+  const uint64_t room = h->space_size - (addr - h->space_base);
+  return size < room ? size : room;
+}
+
 void rp_split(const struct rp_trace *t, const struct rp_chunks *cs, const struct pst_record *a, uint64_t ts,
               uint64_t *gpu, uint64_t *host) {
-  const uint64_t base = t->hdr.space_base, size = t->hdr.chunk_size, hi = a->alloc.addr + a->alloc.size;
-  for (uint64_t at = a->alloc.addr; size && at < hi && at >= base;) {
+  const uint64_t base = t->hdr.space_base, size = t->hdr.chunk_size,
+                 hi = a->alloc.addr + rp_in_space(t, a->alloc.addr, a->alloc.size);
+  for (uint64_t at = a->alloc.addr; at < hi;) {
     const uint64_t c = (at - base) / size, end = base + (c + 1) * size < hi ? base + (c + 1) * size : hi;
     if (c > UINT32_MAX) break;
     const enum rp_where w = rp_chunk_at(cs, (uint32_t)c, ts);

@@ -248,12 +248,14 @@ static int fates(const char *path) {
   if (!pst_trace_open(path, &h)) return 1;
   for (uint64_t c = 0; c < 8; c++) fate_alloc(c, 0, c == 4 ? MIB : c == 7 ? 2 * FCHUNK : FCHUNK);
   fate_alloc(4, MIB, MIB);            /* chunk 4 holds two allocations */
+  fate_alloc(9, 0, UINT64_MAX / 2);   /* damaged sizes and ids count for nothing, and grow nothing */
   fate_move(6, PST_DIR_D2H);          /* before the steady phase: not counted */
   fate_mark(0);
   fate_mark(1);
   fate_move(6, PST_DIR_H2D);
   for (uint32_t c = 0; c < 6; c++) fate_move(c, PST_DIR_D2H);
   fate_move(8, PST_DIR_D2H);          /* the second chunk of chunk 7's allocation */
+  fate_move(UINT32_MAX - 1, PST_DIR_D2H);
   fate_move(0, PST_DIR_H2D);          /* back untouched */
   fate_launch(1, 0);
   fate_launch(1, 0);
