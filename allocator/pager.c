@@ -432,19 +432,11 @@ static uint32_t plan_moves(const struct device *d)
 }
 
 /* What a use of a chunk left in a host frame costs: a kernel reads (and writes back) it in
- * place at PSSHIM_INPLACE_RATE. */
+ * place at PSSHIM_INPLACE_RATE. Moves cost what the launching thread measurably spends on
+ * them (d->pager.move_ns_mean); see psp_fetch_pays. */
 static uint64_t use_ns(const struct device *d)
 {
   return (uint64_t)((double)d->chunk_size * 1e9 / (double)ps_options.inplace_rate);
-}
-
-/* What a move costs the step, as plans weigh it (psp_fetch_pays): on a launching thread,
- * what it measurably spends on one (d->pager.move_ns_mean); on the mover, which holds no
- * launch back (remaps on a thread of their own do not slow launches, ../shared/DESIGN.md),
- * its copy's time on PCIe, which in-place reads share: a use's. */
-static uint64_t move_price(const struct device *d)
-{
-  return tls_mover ? use_ns(d) : d->pager.move_ns_mean;
 }
 
 static bool on(const struct device *d, const struct chunk *c, enum psa_where w)
@@ -526,7 +518,7 @@ static void survey(struct device *d, uint64_t now, uint64_t period, bool crowded
       /* Not expected soon, or cheaper read in place: not fetched. Fetches want the soonest:
        * the victims' order with next uses reversed. */
       if (next != PSP_NEVER &&
-          psp_fetch_pays(psp_uses_within(d->uses[i].at, PSA_USES, now, period), use_ns(d), move_price(d)))
+          psp_fetch_pays(psp_uses_within(d->uses[i].at, PSA_USES, now, period), use_ns(d), d->pager.move_ns_mean))
         fetch[s->nfetch++] = (psp_cand){.chunk = (uint32_t)i, .bytes = d->chunk_size, .dirty = true,
                                         .next_use = PSP_NEVER - next};
     }
@@ -636,7 +628,7 @@ static void plan(struct device *d, uint64_t now, uint64_t period)
     }
     if (!psp_swap_pays(psp_uses_within(d->uses[chunk].at, PSA_USES, now, period),
                        psp_uses_within(d->uses[victims[v].chunk].at, PSA_USES, now, period), use_ns(d),
-                       move_price(d))) {
+                       d->pager.move_ns_mean)) {
       d->stats.plans_no_gain++;
       continue; /* a later fetch, used more often, may still pay */
     }

@@ -575,79 +575,6 @@ static void test_short_lived_land_on_gpu(void **state)
   assert_true(static_gpu <= 4);       /* the case needs paging */
 }
 
-/* What a move costs depends on who makes it. Cold weights (read once an iteration, at its
- * start) fill an 8 MiB budget; hot ones (read six times later in the iteration) land in
- * host frames. Remaps take 5 ms, a use read in place 1 ms (PSSHIM_INPLACE_RATE=2G): a swap
- * saves five uses, 5 ms, and costs four moves. On a launching thread each move costs the
- * 5 ms it holds the thread, so swaps stop once that is measured (the first goes ahead,
- * priced unknown); the mover holds no launch back, so a move costs it a use's PCIe time
- * and hot weights come in for the cold ones but the one whose chunk the iteration's own
- * allocation shares (young, it keeps its frame). Exits with the hot weights on the GPU. */
-#define COLD (2 * MiB - (64 * 1024))
-static void hot_behind_cold(void *arg)
-{
-  if (*(const bool *)arg)
-    setenv("PSSHIM_MOVER", "1", 1);
-  setenv("FAKECUDA_REMAP_DELAY_US", "5000", 1);
-  setenv("PSSHIM_INPLACE_RATE", "2G", 1);
-  CUstream s = start_paging("auto", "8M", "64M", 140);
-  /* Kernels of their own for each use: the period is found from kernel sequences, and one
-   * kernel read 24 times in a row hides it. */
-  size_t sizes[] = {8, 8, 8};
-  CUfunction reads[6];
-  for (int use = 0; use < 6; use++)
-    reads[use] = fakecuda_register_kernel((const char *[]){"r0", "r1", "r2", "r3", "r4", "r5"}[use], check_fn, NULL, 3,
-                                          sizes);
-  CUdeviceptr cold[4], hot[4];
-  for (int i = 0; i < 8; i++) {
-    CUdeviceptr *p = i < 4 ? &cold[i] : &hot[i - 4];
-    uint64_t size = i < 4 ? COLD : 2 * MiB;
-    if (psa_alloc(0, size, s, p))
-      exit(141);
-    launch(fill_kernel, *p, size, (uint64_t)i, s);
-  }
-  for (int it = 0; it < 40; it++) {
-    /* An iteration allocates (the period is trusted only so): 64 KiB beside a cold weight. */
-    CUdeviceptr act;
-    if (psa_alloc(0, (64 * 1024), s, &act))
-      exit(142);
-    launch(fill_kernel, act, (64 * 1024), 100u + (uint64_t)it, s);
-    for (int i = 0; i < 4; i++)
-      launch(check_kernel, cold[i], COLD, (uint64_t)i, s);
-    for (int use = 0; use < 6; use++)
-      for (int i = 0; i < 4; i++)
-        launch(reads[use], hot[i], 2 * MiB, 4u + (uint64_t)i, s);
-    launch(check_kernel, act, (64 * 1024), 100u + (uint64_t)it, s);
-    psa_free(act, s, false);
-    ps_driver.cuStreamSynchronize(s);
-  }
-  int on_gpu = 0, ordinal;
-  for (int i = 0; i < 4; i++) {
-    on_gpu += psa_chunk_where(0, (uint64_t)psa_chunk_of(hot[i], &ordinal)) == PSA_GPU;
-    psa_free(hot[i], s, true);
-    psa_free(cold[i], s, true);
-  }
-  fprintf(stderr, "hot behind cold (%s): hot weights on the GPU %d of 4, period %llu, mismatches %llu\n",
-          *(const bool *)arg ? "mover" : "launching thread", on_gpu, (unsigned long long)ps_wiring_progress().period,
-          (unsigned long long)atomic_load(&mismatches));
-  if (atomic_load(&mismatches))
-    exit(143);
-  exit(on_gpu);
-}
-#undef COLD
-
-static void test_mover_prices_moves_at_copy_time(void **state)
-{
-  (void)state;
-  bool mover = false;
-  int launching = in_child(hot_behind_cold, &mover);
-  mover = true;
-  int moved = in_child(hot_behind_cold, &mover);
-  assert_in_range(launching, 0, 4); /* not a failure code */
-  assert_true(launching <= 1);
-  assert_in_range(moved, 2, 3); /* 2 when the last swap is still underway at the end */
-}
-
 /* A training step as a GPT's under checkpointing: each layer's parameters read in the
  * forward, again in the recomputation and rewritten by the update (three uses), optimizer
  * state rewritten once, activations and gradients made and freed every step. At 36 MiB
@@ -1474,7 +1401,6 @@ int main(void)
       cmocka_unit_test(test_unseen_copy_stops_paging),
       cmocka_unit_test(test_capture_stops_paging_quietly),
       cmocka_unit_test(test_short_lived_land_on_gpu),
-      cmocka_unit_test(test_mover_prices_moves_at_copy_time),
       cmocka_unit_test(test_training_loop_settles_without_moves),
       cmocka_unit_test(test_crowded_iteration_evicts_what_waits),
       cmocka_unit_test(test_runahead_wait_gives_up),
