@@ -72,16 +72,6 @@ struct psa_mark {
 };
 
 /* A frame that becomes free once the copy out of it has completed. */
-/* A move remapped whose copy is not queued yet (pager.c, copies_flush). */
-struct pending_copy {
-  uint64_t chunk;
-  uint32_t from;        /* the frame the data is in until the copy */
-  int32_t after;        /* the pending copy out of the new frame to wait for (a swap's), -1 for none */
-  bool give_from;       /* `from` frees once the copy is done */
-  bool failed;          /* the copy could not be queued: the chunk is back on `from` */
-  uint64_t start_ns, remap_ns;
-};
-
 struct deferred_frame {
   uint32_t frame;
   struct psa_mark *copy;
@@ -188,10 +178,6 @@ struct device {
     uint32_t ncopying;
     struct deferred_frame deferred[PSA_MAX_MIGRATIONS];
     uint32_t ndeferred;
-    struct pending_copy pending[PSA_MAX_MIGRATIONS]; /* moves remapped, copies not yet queued */
-    uint32_t npending;
-    bool batching;            /* batch_owner's moves wait for copies_end to queue their copies */
-    pthread_t batch_owner;
     struct psa_mark *free_marks;
     struct psa_mark **recent; /* marks of every psa_hold_stride()-th launch of the latest PSSHIM_RUNAHEAD, a ring */
     uint32_t recent_pos;

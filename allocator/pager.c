@@ -267,155 +267,80 @@ static void move_end(struct device *d, struct chunk *c)
   pthread_cond_broadcast(&d->pager.moved);
 }
 
-/* A move's copy waits until the moves taken together are all remapped (copies_flush): a
- * remap queues behind the PCIe copies in flight (../shared/DESIGN.md: 77-98 us alone,
- * 544-1070 us beside copies kept 16 deep each way), so remapping a plan's chunks first and
- * queueing their copies after keeps each remap clear of the plan's own copies. Until its
- * copy is queued the chunk stays `moving`: launches that reach it wait (enter_chunk). */
-static void copy_pending(struct device *d, uint64_t chunk, uint32_t from, int32_t after, uint64_t start, uint64_t spent)
-{
-  d->pager.pending[d->pager.npending++] =
-      (struct pending_copy){.chunk = chunk, .from = from, .after = after, .start_ns = start, .remap_ns = spent};
-}
-
-/* Moves a chunk onto frame `to` (taken by the caller), if it is quiescent now: the remap
- * now, the copy on its direction's stream at copies_flush, after the pending copy out of
- * `to` that `after` names (its index, -1 for none). When the move does not happen, `to`
- * goes back: after that copy, or now. A remap behind a queued copy of the same memory (read
- * through the frames' staging addresses) costs more: on the H200 an unmap took 83 us
- * instead of 50 with one in flight (bench/remap_stall.c). Nothing in flight uses the
- * chunk's addresses; launches that reach it before its copy is queued wait for it
- * (enter_chunk), and those after it wait for the copy on their stream (c->copy). Returns
- * the old frame, to be given back by the caller once the copy is done (`give_from`), or
- * PSA_NO_FRAME when nothing moved (the chunk is where it was). Drops d->lock. */
-static uint32_t move_onto(struct device *d, uint64_t chunk, uint32_t to, int32_t after)
+/* Moves a chunk onto frame `to` (taken by the caller; given back once `after`, the copy out
+ * of it, is done, when the move does not happen), if it is quiescent now: the remap first,
+ * then the copy on its direction's stream, after `after` when not NULL. A remap behind a
+ * queued copy of the same memory (read through the frames' staging addresses) costs more:
+ * on the H200 an unmap took 83 us instead of 50 with one in flight (bench/remap_stall.c).
+ * Nothing in flight uses the chunk's addresses; launches that reach it during the remap
+ * wait for it (enter_chunk), and those after it wait for the copy on their stream (c->copy).
+ * Returns the old frame, whose copy-out is c->copy, or PSA_NO_FRAME when nothing moved (the
+ * chunk is where it was). Drops d->lock. */
+static uint32_t move_onto(struct device *d, uint64_t chunk, uint32_t to, struct psa_mark *after)
 {
   struct chunk *c = &d->chunks[chunk];
+  if (after)
+    after->refs++; /* the lock drops: another thread may see the copy done and put its mark */
   copies_settle(d);
   uint64_t waits = d->stats.relock_ns;
+  uint32_t old = PSA_NO_FRAME;
   if (!psa_movable(d, chunk) || !copy_slots_free(d, 1)) {
-    if (after >= 0)
-      d->pager.pending[after].give_from = true; /* `to` is that chunk's old frame */
-    else
-      psa_frame_give(d, to);
+    give_after(d, to, after);
+    mark_put(d, after);
     return PSA_NO_FRAME;
   }
   uint32_t from = c->frame;
+  enum psa_where where = d->fr.frames[to].where;
+  CUstream s = where == PSA_GPU ? d->pager.copy_in : d->pager.copy_out;
   uint64_t start = psa_now_ns();
-  if (d->fr.frames[to].where == PSA_HOST && psa_shard_leave(d, chunk)) { /* unchanged: back onto the node's copy */
+  if (where == PSA_HOST && psa_shard_leave(d, chunk)) { /* unchanged: back onto the node's copy */
     psa_frame_give(d, to);
+    mark_put(d, after);
     return from;
   }
   c->moving = true;
   d->pager.nmoving++;
   if (!remap(d, chunk, from, to)) {
-    if (after >= 0)
-      d->pager.pending[after].give_from = true;
-    else
-      psa_frame_give(d, to);
-    move_end(d, c);
-    return PSA_NO_FRAME;
+    give_after(d, to, after);
+    goto out;
   }
-  c->frame = to;
-  copy_pending(d, chunk, from, after, start, psa_now_ns() - start - (d->stats.relock_ns - waits));
-  return from;
-}
-
-/* A pending move whose copy could not be queued: its chunk is mapped back onto its old
- * frame, and the new one freed once whatever part of the copy was queued is over (a frame
- * taken from a move before it in the batch is that chunk's again: it was undone first). */
-static void undo_move(struct device *d, struct pending_copy *e, CUstream s)
-{
-  struct chunk *c = &d->chunks[e->chunk];
-  uint32_t to = c->frame;
-  PS_CU(ps_driver.cuStreamSynchronize(s));
-  if (!remap(d, e->chunk, to, e->from)) {
-    ps_error("chunk %llu of device %d could not be mapped back: its data is unreachable", (unsigned long long)e->chunk,
-             d->ordinal);
-    return;
-  }
-  c->frame = e->from;
-  struct pending_copy *before = e->after >= 0 ? &d->pager.pending[e->after] : NULL;
-  if (!before)
+  if (after && !after->done && PS_CU(ps_driver.cuStreamWaitEvent(s, after->event, 0)))
+    mark_passed(d, after, true);
+  int64_t bytes = copy_live_async(d, chunk, from, to, s);
+  struct psa_mark *copy = bytes < 0 ? NULL : mark_new(d, s);
+  if (!copy) {
+    /* Nothing moved. The new frame may still be a partial copy's target: it frees after
+     * the stream. */
+    PS_CU(ps_driver.cuStreamSynchronize(s));
+    if (!remap(d, chunk, to, from))
+      ps_error("chunk %llu of device %d could not be mapped back: its data is unreachable", (unsigned long long)chunk,
+               d->ordinal);
     psa_frame_give(d, to);
-  else if (!before->failed) /* the copy out of it was queued: it frees after that */
-    give_after(d, to, d->chunks[before->chunk].copy);
-  e->failed = true;
-}
-
-/* Queues the pending moves' copies in the order they were remapped (a swap's copy into a
- * frame after the copy out of it), then frees the frames they leave once the copies are done. */
-static void copies_flush(struct device *d)
-{
-  for (uint32_t i = 0; i < d->pager.npending; i++) {
-    struct pending_copy *e = &d->pager.pending[i];
-    struct chunk *c = &d->chunks[e->chunk];
-    enum psa_where where = d->fr.frames[c->frame].where;
-    CUstream s = where == PSA_GPU ? d->pager.copy_in : d->pager.copy_out;
-    uint64_t start = psa_now_ns();
-    struct pending_copy *before = e->after >= 0 ? &d->pager.pending[e->after] : NULL;
-    struct psa_mark *after = before && !before->failed ? d->chunks[before->chunk].copy : NULL;
-    int64_t bytes = -1;
-    if (!before || after) {
-      if (after && !after->done && PS_CU(ps_driver.cuStreamWaitEvent(s, after->event, 0)))
-        mark_passed(d, after, true);
-      bytes = copy_live_async(d, e->chunk, e->from, c->frame, s);
-    }
-    struct psa_mark *copy = bytes < 0 ? NULL : mark_new(d, s);
-    if (!copy) {
-      undo_move(d, e, s);
-      move_end(d, c);
-      continue;
-    }
-    c->copy = copy;
-    d->pager.copying[d->pager.ncopying++] = e->chunk;
-    psa_span_relist(d, c->span);
-    if (where == PSA_GPU) {
-      d->stats.migrations_to_gpu++;
-      d->stats.bytes_h2d += (uint64_t)bytes;
-    } else {
-      d->stats.migrations_to_host++;
-      d->stats.bytes_d2h += (uint64_t)bytes;
-    }
-    psa_trace_chunk(d, e->chunk, where == PSA_GPU ? PST_CHUNK_FRAME_GPU : PST_CHUNK_FRAME_HOST);
-    trace_move(e->chunk, where, (uint64_t)bytes, e->start_ns);
-    if (e->give_from)
-      give_after(d, e->from, copy);
-    /* What the move cost the thread that made it, its waits for the lock apart: the price
-     * plans weigh moves at. */
-    uint64_t spent = e->remap_ns + psa_now_ns() - start;
-    d->stats.move_ns += spent;
-    d->pager.move_ns_mean = d->pager.move_ns_mean ? (d->pager.move_ns_mean * 15 + spent) / 16 : spent; /* over ~16 moves */
-    move_end(d, c);
+    goto out;
   }
-  d->pager.npending = 0;
-}
-
-/* The moves this thread makes until copies_end are remapped first and their copies queued
- * together. Other threads' moves wait for that (batch_wait): a batch's entries name each
- * other by their place in it. */
-static void copies_begin(struct device *d)
-{
-  d->pager.batching = true;
-  d->pager.batch_owner = pthread_self();
-}
-
-static void copies_end(struct device *d)
-{
-  d->pager.batching = false;
-  copies_flush(d);
-  pthread_cond_broadcast(&d->pager.moved);
-}
-
-static bool batch_of_another(const struct device *d)
-{
-  return d->pager.batching && !pthread_equal(d->pager.batch_owner, pthread_self());
-}
-
-static void batch_wait(struct device *d)
-{
-  while (batch_of_another(d))
-    pthread_cond_wait(&d->pager.moved, &d->lock);
+  old = from;
+  c->frame = to;
+  c->copy = copy;
+  d->pager.copying[d->pager.ncopying++] = chunk;
+  psa_span_relist(d, c->span);
+  if (where == PSA_GPU) {
+    d->stats.migrations_to_gpu++;
+    d->stats.bytes_h2d += (uint64_t)bytes;
+  } else {
+    d->stats.migrations_to_host++;
+    d->stats.bytes_d2h += (uint64_t)bytes;
+  }
+  psa_trace_chunk(d, chunk, where == PSA_GPU ? PST_CHUNK_FRAME_GPU : PST_CHUNK_FRAME_HOST);
+  trace_move(chunk, where, (uint64_t)bytes, start);
+  /* What the move cost the thread that made it, its waits for the lock apart: the price
+   * plans weigh moves at. */
+  uint64_t spent = psa_now_ns() - start - (d->stats.relock_ns - waits);
+  d->stats.move_ns += spent;
+  d->pager.move_ns_mean = d->pager.move_ns_mean ? (d->pager.move_ns_mean * 15 + spent) / 16 : spent; /* over ~16 moves */
+out:
+  mark_put(d, after);
+  move_end(d, c);
+  return old;
 }
 
 static CUresult move_checks(struct device *d, uint64_t chunk)
@@ -427,16 +352,8 @@ static CUresult move_checks(struct device *d, uint64_t chunk)
   return CUDA_SUCCESS;
 }
 
-/* After a move outside copies_begin/copies_end, its copy is queued at once. */
-static void copies_unless_batching(struct device *d)
-{
-  if (!d->pager.batching)
-    copies_flush(d);
-}
-
 CUresult psa_move(struct device *d, uint64_t chunk, enum psa_where to)
 {
-  batch_wait(d);
   if (chunk >= d->nchunks || d->chunks[chunk].frame == PSA_NO_FRAME || d->fr.frames[d->chunks[chunk].frame].where == to)
     return CUDA_ERROR_INVALID_VALUE;
   CUresult r = move_checks(d, chunk);
@@ -445,39 +362,29 @@ CUresult psa_move(struct device *d, uint64_t chunk, enum psa_where to)
   uint32_t fresh = to == PSA_HOST ? psa_host_frame(d) : psa_frame_take(d, to);
   if (fresh == PSA_NO_FRAME)
     return CUDA_ERROR_OUT_OF_MEMORY;
-  uint32_t npending = d->pager.npending;
-  uint32_t old = move_onto(d, chunk, fresh, -1); /* checks again: taking a frame may drop the lock */
+  uint32_t old = move_onto(d, chunk, fresh, NULL); /* checks again: taking a frame may drop the lock */
   if (old == PSA_NO_FRAME)
     return psa_movable(d, chunk) ? CUDA_ERROR_UNKNOWN : CUDA_ERROR_NOT_READY;
-  if (d->pager.npending > npending)
-    d->pager.pending[npending].give_from = true;
-  else /* a shared chunk left for the node's copy: nothing to copy out of its frame */
-    psa_frame_give(d, old);
-  copies_unless_batching(d);
+  give_after(d, old, d->chunks[chunk].copy);
   return CUDA_SUCCESS;
 }
 
 bool psa_swap_in(struct device *d, uint64_t chunk, uint64_t victim)
 {
-  batch_wait(d);
   if (move_checks(d, chunk) || move_checks(d, victim) || !copy_slots_free(d, 2))
     return false;
   uint32_t host = psa_host_frame(d);
   if (host == PSA_NO_FRAME)
     return false;
-  uint32_t out = d->pager.npending;
-  uint32_t gpu = move_onto(d, victim, host, -1);
+  uint32_t gpu = move_onto(d, victim, host, NULL);
   if (gpu == PSA_NO_FRAME)
     return false;
-  /* The chunk follows into the victim's GPU frame once the copy out of it is done (a shared
-   * victim, left for the node's copy, has none); the frame frees then if it does not. */
-  int32_t after = d->pager.npending > out ? (int32_t)out : -1;
-  uint32_t in = d->pager.npending;
-  bool moved = move_onto(d, chunk, gpu, after) != PSA_NO_FRAME;
-  if (moved && d->pager.npending > in)
-    d->pager.pending[in].give_from = true;
-  copies_unless_batching(d);
-  return moved;
+  /* The victim's GPU frame, freed once its copy out is done, whether the chunk follows or not. */
+  uint32_t old = move_onto(d, chunk, gpu, d->chunks[victim].copy);
+  if (old == PSA_NO_FRAME)
+    return false;
+  give_after(d, old, d->chunks[chunk].copy);
+  return true;
 }
 
 bool psa_copy_done(struct device *d, uint64_t chunk, bool sync)
@@ -670,8 +577,10 @@ uint32_t psa_frame_for(struct device *d, uint64_t period, uint64_t need)
  * GPT the young alone outgrow the GPU). Then the host chunks needed soonest go into free
  * GPU frames beyond the margin, or into the frames of GPU chunks needed later than they
  * are (Belady), where the move pays. */
-static void choose_moves(struct device *d, uint64_t now, uint64_t period)
+static void plan(struct device *d, uint64_t now, uint64_t period)
 {
+  if (!period)
+    return;
   psp_cand *fetch = d->pager.cands, *victims = d->pager.cands + d->nchunks;
   uint32_t most = plan_moves(d);
   if (period != d->pager.predicted_for) { /* predictions made with another period are void */
@@ -726,16 +635,6 @@ static void choose_moves(struct device *d, uint64_t now, uint64_t period)
     psa_swap_in(d, chunk, victims[v++].chunk);
     moves++;
   }
-}
-
-/* A plan's moves are remapped first, their copies queued after (copies_flush). */
-static void plan(struct device *d, uint64_t now, uint64_t period)
-{
-  if (!period || d->pager.batching) /* another thread's plan is remapping */
-    return;
-  copies_begin(d);
-  choose_moves(d, now, period);
-  copies_end(d);
 }
 
 /* Calls fn for every span that the launch's pointers fall in, once per span, with the
