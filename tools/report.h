@@ -155,6 +155,10 @@ bool rp_text(const struct rp_trace *t, const struct rp_chunks *cs, FILE *out);
 /* The PAGE-OUTS section: what came of each chunk the steady phase paged out, up to its next
  * page-in (nothing when there is no steady phase or it paged nothing out). */
 bool rp_pageouts(const struct rp_trace *t, FILE *out);
+/* The MOVES section: the steady phase's moves' cost to the thread that made each, by
+ * direction and by whether kernels read host frames in place just before (nothing when
+ * there is no steady phase or it moved nothing). */
+bool rp_moves(const struct rp_trace *t, const struct rp_chunks *cs, FILE *out);
 bool rp_perfetto(const struct rp_trace *t, const char *path);
 bool rp_html(const struct rp_trace *t, const struct rp_chunks *cs, const struct rp_accesses *a, const char *path);
 /* The recorded accesses packed first-fit into chunks of chunk_size, as the allocator

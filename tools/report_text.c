@@ -293,5 +293,5 @@ bool rp_text(const struct rp_trace *t, const struct rp_chunks *cs, FILE *out) {
   phases(t, &laps, out);
   rp_laps_free(&laps);
   data_move(t, out);
-  return rp_pageouts(t, out) && alloc_sites(t, cs, out) && residency(cs, out);
+  return rp_pageouts(t, out) && rp_moves(t, cs, out) && alloc_sites(t, cs, out) && residency(cs, out);
 }

@@ -140,6 +140,15 @@ while IFS='|' read -r name count; do
   check "fates: $name $count" grep -q "^  $(printf '%-48s %8s' "$name" "$count")  " <(section "$dir/fates.txt")
 done < <(grep '^fate ' "$dir/fates.expect")
 check "fates: nothing else" test "$(section "$dir/fates.txt" | grep -c '%$')" -eq "$(grep -c '^fate ' "$dir/fates.expect")"
+# MOVES: the steady moves' host time, split by in-place launches just before them.
+moves() { sed -n '/^MOVES/,/^$/p' "$1"; }
+while IFS='|' read -r direction inplace n median p90 mean; do
+  direction=${direction#moves }
+  check "moves: $direction, in place $inplace: $n, $median/$p90/$mean us" \
+    grep -q "^  $(printf '%-9s  %-8s  %8s  %9s  %9s  %9s' "$direction" "$inplace" "$n" "$median" "$p90" "$mean")$" \
+    <(moves "$dir/fates.txt")
+done < <(grep '^moves ' "$dir/fates.expect")
+check "moves: nothing else" test "$(moves "$dir/fates.txt" | grep -cE '^  (in|out) \(')" -eq "$(grep -c '^moves ' "$dir/fates.expect")"
 
 # A torn trace: what was readable is reported, exit 2, the problem on stderr.
 size=$(stat -c %s "$dir/run.trace")

@@ -20,7 +20,8 @@
  * usage: test_report_synth OUT.trace fates
  * Writes a small trace instead whose steady phase pages out one chunk for each way a
  * page-out can end (PAGE-OUTS), and prints the section's lines it must give, "fate <name>|<count>",
- * and "fates <page-outs> <launches that named them while out>". */
+ * and "fates <page-outs> <launches that named them while out>"; and the MOVES rows it must
+ * give, "moves <direction>|<in place>|<moves>|<median us>|<p90 us>|<mean us>". */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -227,10 +228,12 @@ static void fate_free(uint64_t chunk, uint64_t off) {
   emit((struct pst_record){ .type = PST_REC_FREE, .free = { FBASE + chunk * FCHUNK + off, 0x100 } });
   advance(1000);
 }
-static void fate_move(uint32_t chunk, int dir) {
-  emit((struct pst_record){ .type = PST_REC_MIGRATION, .migration = { chunk, (uint16_t)dir, dir == PST_DIR_H2D ? PST_REASON_PREFETCH : PST_REASON_EVICT, FCHUNK, now, now + 1000 } });
-  advance(1000);
+/* A move whose thread spent us microseconds on it (MOVES). */
+static void fate_move_took(uint32_t chunk, int dir, uint64_t us) {
+  emit((struct pst_record){ .type = PST_REC_MIGRATION, .migration = { chunk, (uint16_t)dir, dir == PST_DIR_H2D ? PST_REASON_PREFETCH : PST_REASON_EVICT, FCHUNK, now, now + us * 1000 } });
+  advance(us * 1000);
 }
+static void fate_move(uint32_t chunk, int dir) { fate_move_took(chunk, dir, 1); }
 static void fate_launch(uint64_t chunk, uint64_t off) {
   const uint64_t ptrs[] = { FBASE + chunk * FCHUNK + off };
   emit((struct pst_record){ .type = PST_REC_LAUNCH, .launch = { 0x100, launches++, pst_trace_intern("k"), 1, ptrs } });
@@ -252,14 +255,14 @@ static int fates(const char *path) {
   fate_move(6, PST_DIR_D2H);          /* before the steady phase: not counted */
   fate_mark(0);
   fate_mark(1);
-  fate_move(6, PST_DIR_H2D);
-  for (uint32_t c = 0; c < 6; c++) fate_move(c, PST_DIR_D2H);
-  fate_move(8, PST_DIR_D2H);          /* the second chunk of chunk 7's allocation */
-  fate_move(UINT32_MAX - 1, PST_DIR_D2H);
-  fate_move(0, PST_DIR_H2D);          /* back untouched */
+  fate_move_took(6, PST_DIR_H2D, 100);
+  for (uint32_t c = 0; c < 6; c++) fate_move_took(c, PST_DIR_D2H, 100 * (c + 1));
+  fate_move_took(8, PST_DIR_D2H, 700); /* the second chunk of chunk 7's allocation */
+  fate_move_took(UINT32_MAX - 1, PST_DIR_D2H, 800);
+  fate_move_took(0, PST_DIR_H2D, 300); /* back untouched */
   fate_launch(1, 0);
   fate_launch(1, 0);
-  fate_move(1, PST_DIR_H2D);          /* read in place twice, then back */
+  fate_move_took(1, PST_DIR_H2D, 900); /* read in place twice, then back: after an in-place launch */
   fate_free(2, 0);                    /* freed untouched */
   fate_launch(3, 0);
   fate_free(3, 0);                    /* read in place, then freed */
@@ -277,6 +280,10 @@ static int fates(const char *path) {
   printf("fate read in place, then freed|3\n");
   printf("fate still out at the end|1\n");
   printf("fates 7 5\n");
+  /* MOVES (median: the upper middle one; p90: the one at nine tenths, rounded down) */
+  printf("moves in (h2d)|yes|1|900|900|900\n");
+  printf("moves in (h2d)|no|2|300|300|200\n");
+  printf("moves out (d2h)|no|8|500|800|450\n");
   return 0;
 }
 

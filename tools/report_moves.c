@@ -1,0 +1,82 @@
+/* MOVES: what each of the steady phase's moves cost the thread that made it (its remap and
+ * queueing its copy: the MIGRATION record's start to end), by direction and by whether a
+ * launch shortly before it named a chunk in host frames. On the H200 a remap alone beside
+ * kernels that read host memory nonstop took 26-28x its idle time; this says whether a run's
+ * moves paid that (bench/results/README.md). */
+#include <stdlib.h>
+
+#include "tools/report.h"
+
+#define BEFORE 256 /* launches looked back over: PSSHIM_RUNAHEAD's default, what may still be queued */
+
+struct costs {
+  uint64_t *ns;
+  size_t n, cap;
+};
+
+static bool add(struct costs *c, uint64_t ns) {
+  if (c->n == c->cap) {
+    size_t cap = c->cap ? 2 * c->cap : 256;
+    uint64_t *p = realloc(c->ns, cap * sizeof *p);
+    if (!p) return false;
+    c->ns = p;
+    c->cap = cap;
+  }
+  c->ns[c->n++] = ns;
+  return true;
+}
+
+static void mark_in_place(void *user, size_t ev, size_t alloc, uint64_t host) {
+  (void)alloc, (void)host;
+  ((bool *)user)[ev] = true;
+}
+
+static int ascending(const void *a, const void *b) {
+  const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+static void row(FILE *f, const char *direction, const char *in_place, struct costs *c) {
+  if (!c->n) return;
+  qsort(c->ns, c->n, sizeof *c->ns, ascending);
+  double sum = 0;
+  for (size_t i = 0; i < c->n; i++) sum += (double)c->ns[i];
+  fprintf(f, "  %-9s  %-8s  %8zu  %9.0f  %9.0f  %9.0f\n", direction, in_place, c->n, (double)c->ns[c->n / 2] / 1e3,
+          (double)c->ns[c->n * 9 / 10] / 1e3, sum / (double)c->n / 1e3);
+}
+
+bool rp_moves(const struct rp_trace *t, const struct rp_chunks *cs, FILE *f) {
+  size_t first = 0, last = 0;
+  if (!rp_steady_marks(t, &first, &last) || first == last) return true;
+  bool *in_place = calloc(t->nev ? t->nev : 1, sizeof *in_place), *window = calloc(BEFORE, sizeof *window);
+  struct costs by[2][2] = { 0 }; /* [to the GPU][in place before] */
+  bool ok = in_place && window && rp_in_place(t, cs, 0, last, mark_in_place, in_place);
+  size_t launches = 0, in_window = 0;
+  for (size_t i = 0; i < last && ok; i++) {
+    const struct pst_record *r = &t->ev[i];
+    if (r->type == PST_REC_LAUNCH) {
+      const size_t k = launches++ % BEFORE;
+      in_window -= window[k];
+      window[k] = in_place[i];
+      in_window += window[k];
+    } else if (r->type == PST_REC_MIGRATION && i > first && r->migration.end_ns >= r->migration.start_ns) {
+      ok = add(&by[r->migration.direction == PST_DIR_H2D][in_window > 0], r->migration.end_ns - r->migration.start_ns);
+    }
+  }
+  if (ok && (by[0][0].n || by[0][1].n || by[1][0].n || by[1][1].n)) {
+    fprintf(f, "\nMOVES (the steady phase's: the thread that made each spent its remap and the queueing of its copy)\n");
+    fprintf(f, "  in place: whether one of the %d launches before it named a chunk in host frames\n", BEFORE);
+    fprintf(f, "  direction  in place     moves  median us     p90 us    mean us\n");
+    static const char *const directions[2] = { "out (d2h)", "in (h2d)" };
+    for (int g = 1; g >= 0; g--) {
+      row(f, directions[g], "yes", &by[g][1]);
+      row(f, directions[g], "no", &by[g][0]);
+    }
+  }
+  for (int g = 0; g < 2; g++)
+    for (int p = 0; p < 2; p++) free(by[g][p].ns);
+  free(in_place);
+  free(window);
+  if (!ok) fprintf(stderr, "psshim-report: out of memory\n");
+  return ok;
+}
