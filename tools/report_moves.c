@@ -7,7 +7,12 @@
 
 #include "tools/report.h"
 
-#define BEFORE 256 /* launches looked back over: PSSHIM_RUNAHEAD's default, what may still be queued */
+/* Launches looked back over. A remap is slow while a kernel that reads host memory runs; where
+ * the launching thread is the bottleneck the GPU runs the last few launches. On the 2.68B GPT's
+ * 3x trace, steady page-outs with an in-place launch among the last 4: p90 954 us, mean 410,
+ * against 189 and 228 without; among the last 256 (what may be queued): 275 and 303 against
+ * 148 and 139 (bench/results/README.md). */
+#define BEFORE 4
 
 struct costs {
   uint64_t *ns;
