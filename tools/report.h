@@ -193,6 +193,11 @@ bool rp_map_get(const struct rp_map *m, uint64_t key, uint64_t *val); /* false: 
 bool rp_map_del(struct rp_map *m, uint64_t key, uint64_t *val);
 void rp_map_free(struct rp_map *m);
 
+/* Grows *arr (of item-sized elements, new ones zeroed) to hold index i; false: out of memory. */
+bool rp_reserve(void **arr, size_t *cap, size_t i, size_t item);
+/* qsort/bsearch order of uint64_t, ascending. */
+int rp_cmp_u64(const void *a, const void *b);
+
 /* ---- formatting helpers ---- */
 /* "1.5 GiB", "64 MiB", "512 B" into buf. */
 const char *rp_bytes(uint64_t b, char *buf, size_t len);

@@ -4,19 +4,6 @@
 
 #include "tools/report.h"
 
-/* Grows *arr (of item-sized elements) to hold index i. */
-static bool reserve(void **arr, size_t *cap, size_t i, size_t item) {
-  if (i < *cap) return true;
-  size_t c = *cap ? *cap : 1024;
-  while (c <= i) c *= 2;
-  void *a = realloc(*arr, c * item);
-  if (!a) return false;
-  memset((char *)a + *cap * item, 0, (c - *cap) * item);
-  *arr = a;
-  *cap = c;
-  return true;
-}
-
 static void *copy_of(const void *p, size_t n) {
   void *d = malloc(n + 1); /* +1: texts get a NUL */
   if (d) {
@@ -69,12 +56,12 @@ bool rp_load(const char *path, struct rp_trace *t, char *err, size_t errlen) {
     if (r.type > PST_REC_STACK && r.type != PST_REC_END && r.ts_ns > t->t1) t->t1 = r.ts_ns;
     switch (r.type) {
     case PST_REC_STRING:
-      ok = reserve((void **)&t->strings, &cap_str, r.string.id, sizeof *t->strings);
+      ok = rp_reserve((void **)&t->strings, &cap_str, r.string.id, sizeof *t->strings);
       if (ok && !t->strings[r.string.id]) t->strings[r.string.id] = copy_of(r.string.text, r.string.len);
       if (r.string.id >= t->nstrings) t->nstrings = r.string.id + 1;
       continue;
     case PST_REC_STACK:
-      ok = reserve((void **)&t->stacks, &cap_stk, r.stack.id, sizeof *t->stacks);
+      ok = rp_reserve((void **)&t->stacks, &cap_stk, r.stack.id, sizeof *t->stacks);
       if (ok && !t->stacks[r.stack.id].frames) {
         t->stacks[r.stack.id].depth = r.stack.depth;
         t->stacks[r.stack.id].frames = copy_of(r.stack.frames, r.stack.depth * sizeof *r.stack.frames);
@@ -90,7 +77,7 @@ bool rp_load(const char *path, struct rp_trace *t, char *err, size_t errlen) {
     default:
       break;
     }
-    ok = reserve((void **)&t->ev, &cap_ev, t->nev, sizeof *t->ev);
+    ok = rp_reserve((void **)&t->ev, &cap_ev, t->nev, sizeof *t->ev);
     if (ok) t->ev[t->nev++] = r;
   }
   t->stats = pst_reader_stats(rd);

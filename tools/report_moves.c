@@ -20,13 +20,7 @@ struct costs {
 };
 
 static bool add(struct costs *c, uint64_t ns) {
-  if (c->n == c->cap) {
-    size_t cap = c->cap ? 2 * c->cap : 256;
-    uint64_t *p = realloc(c->ns, cap * sizeof *p);
-    if (!p) return false;
-    c->ns = p;
-    c->cap = cap;
-  }
+  if (!rp_reserve((void **)&c->ns, &c->cap, c->n, sizeof *c->ns)) return false;
   c->ns[c->n++] = ns;
   return true;
 }
@@ -36,14 +30,9 @@ static void mark_in_place(void *user, size_t ev, size_t alloc, uint64_t host) {
   ((bool *)user)[ev] = true;
 }
 
-static int ascending(const void *a, const void *b) {
-  const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-  return x < y ? -1 : x > y;
-}
-
 static void row(FILE *f, const char *direction, const char *in_place, struct costs *c) {
   if (!c->n) return;
-  qsort(c->ns, c->n, sizeof *c->ns, ascending);
+  qsort(c->ns, c->n, sizeof *c->ns, rp_cmp_u64);
   double sum = 0;
   for (size_t i = 0; i < c->n; i++) sum += (double)c->ns[i];
   fprintf(f, "  %-9s  %-8s  %8zu  %9.0f  %9.0f  %9.0f\n", direction, in_place, c->n, (double)c->ns[c->n / 2] / 1e3,

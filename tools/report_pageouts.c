@@ -7,25 +7,16 @@
 
 enum fate { BACK, BACK_READ, FREED, FREED_READ, STILL_OUT, READ_OUT, FATES };
 
+struct pageout_chunk {
+  uint32_t live;    /* live allocations with bytes in it */
+  uint32_t touches; /* launches that named it since its page-out, +1 (0: not out) */
+};
+
 struct pageouts {
-  uint32_t *live;   /* by chunk: live allocations with bytes in it */
-  uint32_t *touches; /* by chunk: launches that named it since its page-out, +1 (0: not out) */
+  struct pageout_chunk *c; /* by chunk */
   size_t n;
   uint64_t fate[FATES], touches_all;
 };
-
-static bool grow_to(struct pageouts *p, size_t chunk) {
-  if (chunk < p->n) return true;
-  size_t n = p->n ? p->n : 1024;
-  while (n <= chunk) n *= 2;
-  uint32_t *live = realloc(p->live, n * sizeof *live), *touches = live ? realloc(p->touches, n * sizeof *touches) : NULL;
-  if (live) p->live = live;
-  if (!touches) return false;
-  p->touches = touches;
-  for (size_t i = p->n; i < n; i++) p->live[i] = p->touches[i] = 0;
-  p->n = n;
-  return true;
-}
 
 /* The chunks of the trace's chunk space: no damaged id makes the tables larger. */
 static uint64_t space_chunks(const struct rp_trace *t) {
@@ -43,9 +34,13 @@ static bool chunks_of(const struct rp_trace *t, uint64_t addr, uint64_t size, si
 }
 
 static void settle(struct pageouts *p, size_t chunk, enum fate untouched, enum fate read) {
-  if (chunk >= p->n || !p->touches[chunk]) return;
-  p->fate[p->touches[chunk] > 1 ? read : untouched]++;
-  p->touches[chunk] = 0;
+  if (chunk >= p->n || !p->c[chunk].touches) return;
+  p->fate[p->c[chunk].touches > 1 ? read : untouched]++;
+  p->c[chunk].touches = 0;
+}
+
+static bool grow_to(struct pageouts *p, size_t chunk) {
+  return rp_reserve((void **)&p->c, &p->n, chunk, sizeof *p->c);
 }
 
 bool rp_pageouts(const struct rp_trace *t, FILE *f) {
@@ -61,34 +56,33 @@ bool rp_pageouts(const struct rp_trace *t, FILE *f) {
     uint64_t size;
     if (r->type == PST_REC_ALLOC && chunks_of(t, r->alloc.addr, r->alloc.size, &c0, &c1)) {
       ok = rp_map_put(&allocs, r->alloc.addr, r->alloc.size) && grow_to(&p, c1 - 1);
-      for (size_t c = c0; ok && c < c1; c++) p.live[c]++;
+      for (size_t c = c0; ok && c < c1; c++) p.c[c].live++;
     } else if (r->type == PST_REC_FREE && rp_map_del(&allocs, r->free.addr, &size) &&
                chunks_of(t, r->free.addr, size, &c0, &c1)) {
       for (size_t c = c0; c < c1 && c < p.n; c++)
-        if (p.live[c] && !--p.live[c]) settle(&p, c, FREED, FREED_READ);
+        if (p.c[c].live && !--p.c[c].live) settle(&p, c, FREED, FREED_READ);
     } else if (r->type == PST_REC_CHUNK && r->chunk.event == PST_CHUNK_RELEASED) {
       settle(&p, r->chunk.id, FREED, FREED_READ);
     } else if (r->type == PST_REC_MIGRATION && r->migration.direction == PST_DIR_H2D) {
       settle(&p, r->migration.chunk, BACK, BACK_READ);
     } else if (r->type == PST_REC_MIGRATION && i > first && i < last && r->migration.chunk < space_chunks(t)) {
       ok = grow_to(&p, r->migration.chunk);
-      if (ok && !p.touches[r->migration.chunk]) {
-        p.touches[r->migration.chunk] = 1;
+      if (ok && !p.c[r->migration.chunk].touches) {
+        p.c[r->migration.chunk].touches = 1;
         outs++;
       }
     } else if (r->type == PST_REC_LAUNCH) {
       for (uint32_t k = 0; k < r->launch.n; k++)
         if (rp_map_get(&allocs, r->launch.ptrs[k], &size) && chunks_of(t, r->launch.ptrs[k], size, &c0, &c1))
           for (size_t c = c0; c < c1 && c < p.n; c++)
-            if (p.touches[c]) {
-              p.touches[c]++;
+            if (p.c[c].touches) {
+              p.c[c].touches++;
               p.touches_all++;
             }
     }
   }
   for (size_t c = 0; c < p.n && ok; c++) settle(&p, c, STILL_OUT, READ_OUT);
-  free(p.live);
-  free(p.touches);
+  free(p.c);
   rp_map_free(&allocs);
   if (!ok) {
     fprintf(stderr, "psshim-report: out of memory\n");

@@ -38,13 +38,8 @@ static void track_name(struct out *o, unsigned tid, const char *s) {
   fputs("\"}}", o->f);
 }
 
-static int cmp_u64(const void *a, const void *b) {
-  const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-  return x < y ? -1 : x > y;
-}
-
 static unsigned stream_tid(const struct out *o, uint64_t stream) {
-  const uint64_t *p = bsearch(&stream, o->streams, o->nstreams, sizeof stream, cmp_u64);
+  const uint64_t *p = bsearch(&stream, o->streams, o->nstreams, sizeof stream, rp_cmp_u64);
   return STREAM_TID + (unsigned)(p - o->streams);
 }
 
@@ -56,7 +51,7 @@ static bool collect_streams(struct out *o) {
     if (t->ev[i].type == PST_REC_LAUNCH) o->streams[o->nstreams++] = t->ev[i].launch.stream;
     if (t->ev[i].type == PST_REC_COPY) o->streams[o->nstreams++] = t->ev[i].copy.stream;
   }
-  qsort(o->streams, o->nstreams, sizeof *o->streams, cmp_u64);
+  qsort(o->streams, o->nstreams, sizeof *o->streams, rp_cmp_u64);
   size_t k = 0;
   for (size_t i = 0; i < o->nstreams; i++)
     if (!k || o->streams[i] != o->streams[k - 1]) o->streams[k++] = o->streams[i];

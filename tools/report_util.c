@@ -1,10 +1,27 @@
-/* Formatting helpers shared by psshim-report's outputs. */
+/* Helpers shared by psshim-report's parts: growing arrays, ordering, formatting. */
 #include <stdio.h>
 #include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "tools/report.h"
+
+bool rp_reserve(void **arr, size_t *cap, size_t i, size_t item) {
+  if (i < *cap) return true;
+  size_t c = *cap ? *cap : 1024;
+  while (c <= i) c *= 2;
+  void *a = realloc(*arr, c * item);
+  if (!a) return false;
+  memset((char *)a + *cap * item, 0, (c - *cap) * item);
+  *arr = a;
+  *cap = c;
+  return true;
+}
+
+int rp_cmp_u64(const void *a, const void *b) {
+  const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
 
 const char *rp_bytes(uint64_t b, char *buf, size_t len) {
   static const char *const unit[] = { "B", "KiB", "MiB", "GiB", "TiB" };
