@@ -577,6 +577,8 @@ uint32_t psa_frame_for(struct device *d, uint64_t period, uint64_t need)
  * GPT the young alone outgrow the GPU). Then the host chunks needed soonest go into free
  * GPU frames beyond the margin, or into the frames of GPU chunks needed later than they
  * are (Belady), where the move pays. */
+#define FETCH_CLEAN 4 /* launches */
+
 static void plan(struct device *d, uint64_t now, uint64_t period)
 {
   if (!period)
@@ -611,6 +613,16 @@ static void plan(struct device *d, uint64_t now, uint64_t period)
       room++;
       moves++;
     }
+  /* A remap made while a kernel that reads host frames in place runs can take milliseconds
+   * (psshim-report's MOVES: at 3x a page-out just after an in-place launch took 410 us on
+   * average, 228 otherwise). Room for the margin cannot wait; fetches and swaps wait until
+   * none of the last FETCH_CLEAN launches named a chunk in a host frame, at most one
+   * run-ahead window: where every launch reads in place, only fetches end that. */
+  d->pager.fetch_deferred =
+      now < d->pager.host_touched_at + FETCH_CLEAN && now < d->pager.fetched_at + ps_options.runahead;
+  if (d->pager.fetch_deferred)
+    return;
+  d->pager.fetched_at = now;
   for (size_t i = 0; i < nf && moves < most && d->pager.ncopying + 2 <= most; i++) {
     uint64_t chunk = fetch[i].chunk, need = PSP_NEVER - fetch[i].next_use;
     if (!psa_movable(d, chunk))
@@ -770,9 +782,10 @@ static void enter_chunk(struct device *d, uint64_t chunk, struct visit *v)
     else
       d->stats.copy_waits++;
   }
-  if (on(d, c, PSA_HOST))
+  if (on(d, c, PSA_HOST)) {
     d->stats.touches_host++;
-  else
+    d->pager.host_touched_at = v->l->seq + 1;
+  } else
     d->stats.touches_gpu++;
   if (ps_options.policy == PS_POLICY_PLAN && v->period)
     psa_plan_note(d, chunk, v->period, v->position);
@@ -957,7 +970,7 @@ static void poll_and_plan(struct device *d, uint64_t seq, uint64_t period)
     uint64_t most = period / PSP_PHASES;
     if (most > ps_options.runahead)
       most = ps_options.runahead;
-    bool idle = moves == d->stats.migrations_to_gpu + d->stats.migrations_to_host;
+    bool idle = moves == d->stats.migrations_to_gpu + d->stats.migrations_to_host && !d->pager.fetch_deferred;
     if (!idle || d->pager.plan_gap < every)
       d->pager.plan_gap = every;
     else
