@@ -191,6 +191,7 @@ struct device {
     uint64_t host_touched_at; /* the latest launch (seq + 1) that named a chunk in a host frame */
     bool fetch_deferred;      /* the latest plan left its fetches for a moment with no in-place read */
     uint64_t fetched_at;      /* the latest plan that did not (its moment) */
+    uint64_t touches_host_seen, touches_gpu_seen; /* stats' chunk touches at the latest plan */
     uint64_t move_ns_mean;    /* a move's time (remap, queue the copy) on the thread that makes it */
     psp_cand *cands; /* scratch for the plans, two per chunk */
     uint32_t nmoving;         /* chunks `moving` */
