@@ -565,18 +565,6 @@ uint32_t psa_frame_for(struct device *d, uint64_t period, uint64_t need)
   return PSA_NO_FRAME;
 }
 
-/* Nothing moves until the iteration's period is known: without it nothing tells the
- * iteration's short-lived allocations from model data. (When free frames were filled with
- * recently used host chunks meanwhile, auto's first steps at 2x the budget took 26 s each
- * on the H200, static placement's 6.7; the cause was not isolated.) Then: first room on
- * the GPU for the iteration's short-lived allocations of the coming part of the iteration
- * (PatrickStar's margin: the most frames they held in that part last time, less those
- * that wait beyond it, up to the whole budget, less what the others hold on the GPU now),
- * made by paging out what is needed farthest ahead, model data or young chunks that wait,
- * so the activations in use do not land in host frames (at 3x over budget on the 2.68B
- * GPT the young alone outgrow the GPU). Then the host chunks needed soonest go into free
- * GPU frames beyond the margin, or into the frames of GPU chunks needed later than they
- * are (Belady), where the move pays. */
 #define FETCH_CLEAN 4 /* launches */
 #define FETCH_CROWDED 10 /* waits only where over 1 in FETCH_CROWDED chunk touches found host frames */
 
@@ -594,6 +582,18 @@ static bool in_place_common(struct device *d)
   return host * FETCH_CROWDED > all;
 }
 
+/* Nothing moves until the iteration's period is known: without it nothing tells the
+ * iteration's short-lived allocations from model data. (When free frames were filled with
+ * recently used host chunks meanwhile, auto's first steps at 2x the budget took 26 s each
+ * on the H200, static placement's 6.7; the cause was not isolated.) Then: first room on
+ * the GPU for the iteration's short-lived allocations of the coming part of the iteration
+ * (PatrickStar's margin: the most frames they held in that part last time, less those
+ * that wait beyond it, up to the whole budget, less what the others hold on the GPU now),
+ * made by paging out what is needed farthest ahead, model data or young chunks that wait,
+ * so the activations in use do not land in host frames (at 3x over budget on the 2.68B
+ * GPT the young alone outgrow the GPU). Then the host chunks needed soonest go into free
+ * GPU frames beyond the margin, or into the frames of GPU chunks needed later than they
+ * are (Belady), where the move pays, once no kernel reads in place (below). */
 static void plan(struct device *d, uint64_t now, uint64_t period)
 {
   if (!period)
@@ -801,8 +801,9 @@ static void enter_chunk(struct device *d, uint64_t chunk, struct visit *v)
   if (on(d, c, PSA_HOST)) {
     d->stats.touches_host++;
     d->pager.host_touched_at = v->l->seq + 1;
-  } else
+  } else {
     d->stats.touches_gpu++;
+  }
   if (ps_options.policy == PS_POLICY_PLAN && v->period)
     psa_plan_note(d, chunk, v->period, v->position);
 }
