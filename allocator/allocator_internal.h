@@ -188,12 +188,6 @@ struct device {
     psp_phase_max young;      /* the frames they held, by phase of the iteration */
     uint64_t predicted_for;   /* the period the chunks' next_use were predicted with */
     uint64_t next_plan, plan_gap; /* plans back off while they move nothing */
-    uint64_t host_touched_at; /* the latest launch (seq + 1) that named a chunk in a host frame */
-    bool fetch_deferred;      /* the latest plan left its fetches for a moment with no in-place read */
-    uint64_t fetched_at;      /* the latest plan that did not (its moment) */
-    uint64_t touches_host_seen, touches_gpu_seen; /* stats' chunk touches at touches_since */
-    uint64_t touches_since;   /* the moment the iteration being judged by in_place_common began */
-    bool in_place_common;     /* over a tenth of the latest whole iteration's touches found host frames */
     uint64_t move_ns_mean;    /* a move's time (remap, queue the copy) on the thread that makes it */
     psp_cand *cands; /* scratch for the plans, two per chunk */
     uint32_t nmoving;         /* chunks `moving` */

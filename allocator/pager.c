@@ -565,31 +565,6 @@ uint32_t psa_frame_for(struct device *d, uint64_t period, uint64_t need)
   return PSA_NO_FRAME;
 }
 
-#define FETCH_CLEAN 4 /* launches */
-#define FETCH_CROWDED 10 /* waits only where over 1 in FETCH_CROWDED chunk touches found host frames */
-
-/* Whether more than 1 in FETCH_CROWDED of the chunk touches of the latest whole iteration
- * (the latest `period` launches judged) found a host frame. Judged over an iteration, not
- * since the last plan: within one the share swings, and at 1.25x over budget the optimizer
- * step reads host frames at nearly every launch though 4% of the iteration's touches do.
- * On the H200, waiting for clean moments made 3x faster in three calls of four (1.64-1.82 s
- * against 1.82-2.47, a third of the touches in host frames; 2.01 against 1.89 in the fourth)
- * and 2x no slower (13%), but 1.25x slower when judged since the last plan (0.796 against
- * 0.717 s, and 0.678 against 0.630 in another call): bench/results/clean_moments_2026-12-02/
- * and bench/results/README.md. */
-static bool in_place_common(struct device *d, uint64_t now, uint64_t period)
-{
-  if (now >= d->pager.touches_since + period) {
-    uint64_t host = d->stats.touches_host - d->pager.touches_host_seen;
-    uint64_t all = host + d->stats.touches_gpu - d->pager.touches_gpu_seen;
-    d->pager.in_place_common = host * FETCH_CROWDED > all;
-    d->pager.touches_host_seen = d->stats.touches_host;
-    d->pager.touches_gpu_seen = d->stats.touches_gpu;
-    d->pager.touches_since = now;
-  }
-  return d->pager.in_place_common;
-}
-
 /* Nothing moves until the iteration's period is known: without it nothing tells the
  * iteration's short-lived allocations from model data. (When free frames were filled with
  * recently used host chunks meanwhile, auto's first steps at 2x the budget took 26 s each
@@ -601,7 +576,7 @@ static bool in_place_common(struct device *d, uint64_t now, uint64_t period)
  * so the activations in use do not land in host frames (at 3x over budget on the 2.68B
  * GPT the young alone outgrow the GPU). Then the host chunks needed soonest go into free
  * GPU frames beyond the margin, or into the frames of GPU chunks needed later than they
- * are (Belady), where the move pays, once no kernel reads in place (below). */
+ * are (Belady), where the move pays. */
 static void plan(struct device *d, uint64_t now, uint64_t period)
 {
   if (!period)
@@ -636,17 +611,6 @@ static void plan(struct device *d, uint64_t now, uint64_t period)
       room++;
       moves++;
     }
-  /* A remap made while a kernel that reads host frames in place runs can take milliseconds
-   * (psshim-report's MOVES: at 3x a page-out just after an in-place launch took 410 us on
-   * average, 228 otherwise). Room for the margin cannot wait; where in-place reads are
-   * common, fetches and swaps wait until none of the last FETCH_CLEAN launches named a
-   * chunk in a host frame, at most one run-ahead window: where every launch reads in place,
-   * only fetches end that. */
-  d->pager.fetch_deferred = in_place_common(d, now, period) && now < d->pager.host_touched_at + FETCH_CLEAN &&
-                            now < d->pager.fetched_at + ps_options.runahead;
-  if (d->pager.fetch_deferred)
-    return;
-  d->pager.fetched_at = now;
   for (size_t i = 0; i < nf && moves < most && d->pager.ncopying + 2 <= most; i++) {
     uint64_t chunk = fetch[i].chunk, need = PSP_NEVER - fetch[i].next_use;
     if (!psa_movable(d, chunk))
@@ -806,12 +770,10 @@ static void enter_chunk(struct device *d, uint64_t chunk, struct visit *v)
     else
       d->stats.copy_waits++;
   }
-  if (on(d, c, PSA_HOST)) {
+  if (on(d, c, PSA_HOST))
     d->stats.touches_host++;
-    d->pager.host_touched_at = v->l->seq + 1;
-  } else {
+  else
     d->stats.touches_gpu++;
-  }
   if (ps_options.policy == PS_POLICY_PLAN && v->period)
     psa_plan_note(d, chunk, v->period, v->position);
 }
@@ -995,7 +957,7 @@ static void poll_and_plan(struct device *d, uint64_t seq, uint64_t period)
     uint64_t most = period / PSP_PHASES;
     if (most > ps_options.runahead)
       most = ps_options.runahead;
-    bool idle = moves == d->stats.migrations_to_gpu + d->stats.migrations_to_host && !d->pager.fetch_deferred;
+    bool idle = moves == d->stats.migrations_to_gpu + d->stats.migrations_to_host;
     if (!idle || d->pager.plan_gap < every)
       d->pager.plan_gap = every;
     else
