@@ -20,7 +20,7 @@ python3 bench/paging_sweep.py --psshim-lib "$G/libpsshim.so" --psshim-lib-base "
   --max-total-s "${MOVER_AB_MAX_S:-520}" --out "$W/mover_ab.json" >"$OUT/mover_ab.log" 2>&1
 cp "$W/mover_ab.json" "$W/mover_ab.png" "$OUT/" 2>/dev/null
 tar czf "$OUT/mover_ab_runs.tar.gz" -C "$W" mover_ab_runs 2>/dev/null
-grep -A20 "^ratio  budget" "$OUT/mover_ab.log" | grep -v "^\s*$"
+sed -n "/^ratio  budget/,\$p" "$OUT/mover_ab.log" | grep -v "^\s*$"
 python3 - "$W/mover_ab_runs" <<'PY'
 import glob, json, os, sys
 keys = ("plan_ns", "move_ns", "remap_ns", "migrations_to_gpu", "migrations_to_host", "bytes_h2d", "bytes_d2h",

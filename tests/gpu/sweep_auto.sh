@@ -27,5 +27,5 @@ peak=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['peak_byt
 echo "== remap_stall =="
 cat "$OUT/remap_stall_$RUN.txt"
 echo "== sweeps =="
-grep -A40 "^ratio  budget" "$OUT/sweep_$RUN.log" | grep -v "^\s*$"
+sed -n "/^ratio  budget/,\$p" "$OUT/sweep_$RUN.log" | grep -v "^\s*$"
 true
