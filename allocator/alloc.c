@@ -47,16 +47,18 @@ static struct span *carve_in(struct device *d, enum psa_where w, uint64_t size, 
   return best;
 }
 
-/* Static placement: room in GPU spans; once GPU frames run out, room in host spans; then
- * the latest allocation's span grown, or a new one, on GPU frames while the budget lasts,
- * then on host frames. Drops d->lock while frames are taken. */
+/* Static placement: room in GPU spans; once GPU frames run out (and none is made by paging
+ * out, psa_room_by_age), room in host spans; then the latest allocation's span grown, or a
+ * new one, on GPU frames while the budget lasts, then on host frames. Drops d->lock while
+ * frames are taken. */
 static struct span *place(struct device *d, uint64_t size, CUstream stream, uint64_t *off)
 {
   struct span *s = carve_in(d, PSA_GPU, size, stream, off);
   if (s)
     return s;
   uint64_t nchunks = (size + d->chunk_size - 1) / d->chunk_size;
-  if ((!psa_gpu_frame_available(d) && (s = carve_in(d, PSA_HOST, size, stream, off))) ||
+  bool gpu_room = psa_gpu_frame_available(d) || psa_room_by_age(d);
+  if ((!gpu_room && (s = carve_in(d, PSA_HOST, size, stream, off))) ||
       (s = psa_span_extend(d, size, stream, off)))
     return s;
   s = psa_span_new(d, nchunks);

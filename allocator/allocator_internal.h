@@ -189,6 +189,7 @@ struct device {
     uint64_t predicted_for;   /* the period the chunks' next_use were predicted with */
     uint64_t next_plan, plan_gap; /* plans back off while they move nothing */
     uint64_t move_ns_mean;    /* a move's time (remap, queue the copy) on the thread that makes it */
+    uint64_t period;          /* the trusted period as of the latest turn (0: none) */
     psp_cand *cands; /* scratch for the plans, two per chunk */
     uint32_t nmoving;         /* chunks `moving` */
     pthread_cond_t moved;     /* on d->lock: a chunk stopped `moving` */
@@ -316,6 +317,13 @@ CUresult psa_move(struct device *d, uint64_t chunk, enum psa_where to);
  * the frame of the model chunk on the GPU needed farthest after `need` (Belady), paged out
  * and waited for; PSA_NO_FRAME when none is needed later. Drops d->lock. */
 uint32_t psa_frame_for(struct device *d, uint64_t period, uint64_t need);
+/* Before the period is trusted, where kernels find more than a tenth of their chunks in
+ * host frames: whether an allocation that finds no GPU frame free should have one made
+ * (psa_frame_by_age) rather than be placed in host frames. */
+bool psa_room_by_age(const struct device *d);
+/* A GPU frame made by paging out the live chunks on the GPU unused for longest, a batch at
+ * a time, waiting for the copy out; PSA_NO_FRAME when none can move. Drops d->lock. */
+uint32_t psa_frame_by_age(struct device *d);
 /* Whether a move of the chunk may start now: mapped, its own, no launch in flight, every
  * launch that touched it passed, its last move's copy done, its span not being built. */
 bool psa_movable(struct device *d, uint64_t chunk);

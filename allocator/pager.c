@@ -565,6 +565,74 @@ uint32_t psa_frame_for(struct device *d, uint64_t period, uint64_t need)
   return PSA_NO_FRAME;
 }
 
+/* Before the period is trusted nothing tells the iteration's short-lived allocations from
+ * model data, and nothing moves (plan). Where that leaves kernels reading their operands
+ * in host frames (at 3x over budget on the 2.68B GPT: 17-29 s a step for the first four
+ * steps against 1.7 s steady, about 1 TB a step read in place, bench/results/README.md),
+ * an allocation that finds no GPU frame takes the frame of the live chunk unused for
+ * longest instead: what a kernel writes now is read again soon, what lay unused longest is
+ * read in place at most once or twice before the period is known. Where few touches find
+ * host frames (1.5% at 1.25x), static placement stands: it costs nothing then. */
+#define ROOM_CROWDED_SHARE 10 /* more than 1/10 of the chunk touches in host frames */
+#define ROOM_BATCH_BYTES (64ull << 20) /* a batch of page-outs, at most 1/16 of the GPU's frames */
+
+bool psa_room_by_age(const struct device *d)
+{
+  return ps_options.policy == PS_POLICY_AUTO && !d->pager.period && !atomic_load(&paging_off) &&
+         !psa_capture_underway() &&
+         d->stats.touches_host * ROOM_CROWDED_SHARE > d->stats.touches_host + d->stats.touches_gpu;
+}
+
+/* Pages out up to a batch of the live chunks on the GPU unused for longest; how many. */
+static uint32_t page_out_oldest(struct device *d)
+{
+  psp_cand *oldest = d->pager.cands + d->nchunks;
+  size_t n = 0, batch = ROOM_BATCH_BYTES / d->chunk_size;
+  if (batch > d->fr.gpu_limit / 16)
+    batch = d->fr.gpu_limit / 16;
+  if (!batch)
+    batch = 1;
+  uint64_t now = d->pager.clock;
+  for (uint64_t i = 0; i < d->space.chunks_high; i++) {
+    struct chunk *c = &d->chunks[i];
+    if (c->frame == PSA_NO_FRAME || !on(d, c, PSA_GPU) || !c->span->live_allocs || c->span->in_flight ||
+        c->copy || !c->last_use || c->last_use + ps_options.runahead > now)
+      continue;
+    oldest[n++] = (psp_cand){.chunk = (uint32_t)i, .bytes = d->chunk_size, .dirty = true, .next_use = now - c->last_use};
+  }
+  psp_sort_farthest(oldest, n, batch);
+  uint32_t moved = 0;
+  bool own = ps_in_own_calls();
+  if (!own)
+    ps_own_work(true); /* the copies out are not the program's moments */
+  for (size_t k = 0; k < n && moved < batch; k++)
+    if (psa_movable(d, oldest[k].chunk) && psa_move(d, oldest[k].chunk, PSA_HOST) == CUDA_SUCCESS)
+      moved++;
+  if (!own)
+    ps_own_work(false);
+  d->stats.early_page_outs += moved;
+  return moved;
+}
+
+uint32_t psa_frame_by_age(struct device *d)
+{
+  for (;;) {
+    psa_moves_poll(d);
+    uint32_t f = psa_frame_take(d, PSA_GPU);
+    if (f != PSA_NO_FRAME)
+      return f;
+    /* A GPU frame that a page-out's copy still reads comes back once the copy is done. */
+    struct psa_mark *leaving = NULL;
+    for (uint32_t i = 0; i < d->pager.ndeferred && !leaving; i++)
+      if (d->fr.frames[d->pager.deferred[i].frame].where == PSA_GPU)
+        leaving = d->pager.deferred[i].copy;
+    if (leaving)
+      mark_passed(d, leaving, true);
+    else if (!page_out_oldest(d))
+      return PSA_NO_FRAME;
+  }
+}
+
 /* Nothing moves until the iteration's period is known: without it nothing tells the
  * iteration's short-lived allocations from model data. (When free frames were filled with
  * recently used host chunks meanwhile, auto's first steps at 2x the budget took 26 s each
@@ -949,6 +1017,7 @@ static void poll_and_plan(struct device *d, uint64_t seq, uint64_t period)
 {
   uint64_t every = plan_every();
   uint64_t start = psa_now_ns();
+  d->pager.period = period;
   psa_moves_poll(d); /* frames whose copies are done come back as room */
   d->stats.poll_ns += psa_now_ns() - start;
   if (seq >= d->pager.next_plan) {

@@ -323,7 +323,8 @@ uint32_t psa_host_frame(struct device *d)
   return psa_frame_take(d, PSA_HOST);
 }
 
-/* GPU frames first (free, made, or taken back from idle spans), then host frames. Drops d->lock. */
+/* GPU frames first (free, made, taken back from idle spans, or made by paging out before
+ * the period is trusted: psa_room_by_age), then host frames. Drops d->lock. */
 static uint32_t frame_for_chunk(struct device *d)
 {
   static const enum psa_where order[] = {PSA_GPU, PSA_HOST};
@@ -335,6 +336,9 @@ static uint32_t frame_for_chunk(struct device *d)
       if (!reclaim_one(d, order[k]))
         break;
     }
+    uint32_t f = order[k] == PSA_GPU && psa_room_by_age(d) ? psa_frame_by_age(d) : PSA_NO_FRAME;
+    if (f != PSA_NO_FRAME)
+      return f;
   }
   return PSA_NO_FRAME;
 }

@@ -729,6 +729,77 @@ static void test_crowded_iteration_evicts_what_waits(void **state)
   assert_true(on_gpu >= 76);      /* nearly all of them; 70 when young chunks kept their frames */
 }
 
+/* Before the period is trusted plans move nothing. At 3x over budget on the H200 that
+ * left the first steps' activations in host frames, read in place (17-29 s a step against
+ * 1.7 s steady). Once more than a tenth of the chunk touches find host frames, an
+ * allocation that finds no GPU frame pages out the live chunks unused for longest instead
+ * (psa_room_by_age). Here 8 parameters fill the GPU; optimizer state made then lands in
+ * host frames, as static placement puts it (no touch has found a host frame yet); reading
+ * it crowds the GPU; then, with parameters 4-7 read long ago and 0-3 recently, four
+ * activations are made: they land on the GPU, parameters 4-7 leave, 0-3 stay, and every
+ * byte reads back. Exits 0, or the check that failed. */
+static void first_steps(void *arg)
+{
+  (void)arg;
+  CUstream s = start_paging("auto", "16M", "256M", 160);
+  CUdeviceptr param[LAYERS], state[LAYERS], act[4];
+  int ordinal;
+  for (int l = 0; l < LAYERS; l++) {
+    if (psa_alloc(0, 2 * MiB, s, &param[l]))
+      exit(161);
+    launch(fill_kernel, param[l], 2 * MiB, (uint64_t)l, s);
+  }
+  for (int k = 0; k < 9; k++) /* so that the state's 8 touches below are under a tenth */
+    for (int l = 0; l < LAYERS; l++)
+      launch(check_kernel, param[l], 2 * MiB, (uint64_t)l, s);
+  for (int l = 0; l < LAYERS; l++) {
+    if (psa_alloc(0, 2 * MiB, s, &state[l]))
+      exit(162);
+    launch(fill_kernel, state[l], 2 * MiB, 100u + (uint64_t)l, s);
+    if (psa_chunk_where(0, (uint64_t)psa_chunk_of(state[l], &ordinal)) != PSA_HOST)
+      exit(163); /* uncrowded: placed as static places it */
+  }
+  for (int l = 0; l < LAYERS; l++)
+    launch(check_kernel, state[l], 2 * MiB, 100u + (uint64_t)l, s);
+  for (int l = 4; l < LAYERS; l++)
+    launch(check_kernel, param[l], 2 * MiB, (uint64_t)l, s);
+  for (int k = 0; k < 2; k++)
+    for (int l = 0; l < 4; l++)
+      launch(check_kernel, param[l], 2 * MiB, (uint64_t)l, s);
+  ps_driver.cuCtxSynchronize(); /* every chunk quiescent: the choice below is by age alone */
+  for (int a = 0; a < 4; a++) {
+    if (psa_alloc(0, 2 * MiB, s, &act[a]))
+      exit(164);
+    if (psa_chunk_where(0, (uint64_t)psa_chunk_of(act[a], &ordinal)) != PSA_GPU)
+      exit(165);
+    launch(fill_kernel, act[a], 2 * MiB, 200u + (uint64_t)a, s);
+  }
+  for (int l = 0; l < LAYERS; l++)
+    if (psa_chunk_where(0, (uint64_t)psa_chunk_of(param[l], &ordinal)) != (l < 4 ? PSA_GPU : PSA_HOST))
+      exit(166);
+  for (int l = 0; l < LAYERS; l++) {
+    launch(check_kernel, param[l], 2 * MiB, (uint64_t)l, s);
+    launch(check_kernel, state[l], 2 * MiB, 100u + (uint64_t)l, s);
+  }
+  for (int a = 0; a < 4; a++)
+    launch(check_kernel, act[a], 2 * MiB, 200u + (uint64_t)a, s);
+  ps_driver.cuStreamSynchronize(s);
+  struct psa_stats st;
+  psa_stats_get(&st);
+  fprintf(stderr, "first steps: period %llu, early page-outs %llu, mismatches %llu\n",
+          (unsigned long long)ps_wiring_progress().period, (unsigned long long)st.early_page_outs,
+          (unsigned long long)atomic_load(&mismatches));
+  if (atomic_load(&mismatches))
+    exit(167);
+  exit(ps_wiring_progress().period || st.early_page_outs != 4 ? 168 : 0);
+}
+
+static void test_first_steps_make_room_by_age(void **state)
+{
+  (void)state;
+  assert_int_equal(in_child(first_steps, NULL), 0);
+}
+
 /* Work ahead of the run-ahead mark may itself wait for the launching thread, as a host
  * function waits for a lock (Python's GIL) that thread holds. Here a kernel (kernels are
  * host functions in the test driver) waits for a flag the thread sets only after eight
@@ -1403,6 +1474,7 @@ int main(void)
       cmocka_unit_test(test_short_lived_land_on_gpu),
       cmocka_unit_test(test_training_loop_settles_without_moves),
       cmocka_unit_test(test_crowded_iteration_evicts_what_waits),
+      cmocka_unit_test(test_first_steps_make_room_by_age),
       cmocka_unit_test(test_runahead_wait_gives_up),
       cmocka_unit_test(test_no_move_under_held_stream),
       cmocka_unit_test(test_host_held_within_runahead),
