@@ -24,6 +24,7 @@
  * thread per device (the mover) that takes them. Work psshim cannot see (graph launches,
  * array copies, graph capture) stops paging for good. */
 #include "allocator/allocator_internal.h"
+#include "comm/comm.h"
 #include "policy/policy.h"
 #include "tracer/tracer.h"
 
@@ -576,11 +577,21 @@ uint32_t psa_frame_for(struct device *d, uint64_t period, uint64_t need)
 #define ROOM_CROWDED_SHARE 10 /* more than 1/10 of the chunk touches in host frames */
 #define ROOM_BATCH_BYTES (64ull << 20) /* a batch of page-outs, at most 1/16 of the GPU's frames */
 
+/* Page-outs trade GPU frames for host frames: only while less than half of the host budget
+ * (the node's, where ranks share it) is in host frames, so that static placement, which
+ * needs the fewest, still fits where host frames are scarce. */
+static bool host_frames_ample(const struct device *d)
+{
+  uint64_t node = psc_host_reserved(), mine = d->stats.host_frames_made * d->chunk_size;
+  return 2 * (node > mine ? node : mine) < d->stats.host_budget;
+}
+
 bool psa_room_by_age(const struct device *d)
 {
   return ps_options.policy == PS_POLICY_AUTO && !d->pager.period && !atomic_load(&paging_off) &&
          !psa_capture_underway() &&
-         d->stats.touches_host * ROOM_CROWDED_SHARE > d->stats.touches_host + d->stats.touches_gpu;
+         d->stats.touches_host * ROOM_CROWDED_SHARE > d->stats.touches_host + d->stats.touches_gpu &&
+         host_frames_ample(d);
 }
 
 /* Pages out up to a batch of the live chunks on the GPU unused for longest; how many. */
@@ -628,7 +639,7 @@ uint32_t psa_frame_by_age(struct device *d)
         leaving = d->pager.deferred[i].copy;
     if (leaving)
       mark_passed(d, leaving, true);
-    else if (!page_out_oldest(d))
+    else if (!host_frames_ample(d) || !page_out_oldest(d))
       return PSA_NO_FRAME;
   }
 }

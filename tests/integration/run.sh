@@ -450,7 +450,7 @@ PY
       [ "$(sed 's/, host.*//' "$tmp/gather$seed.$r.out")" = "$(sed 's/, host.*//' "$tmp/gather$seed.alone.$r")" ] \
         || fail "gather s$seed, rank $r: bytes differ from its run without sharding: $(cat "$tmp/gather$seed.$r.out")"
     done
-    python3 - "$tmp/gather$seed.0.json" "$tmp/gather$seed.1.json" "$tmp/gathered" <<'PY' || fail "gather s$seed"
+    python3 - "$tmp/gather$seed.0.json" "$tmp/gather$seed.1.json" "$tmp/gathered" "$seed" <<'PY' || fail "gather s$seed"
 import json, sys
 s = [json.load(open(f)) for f in sys.argv[1:3]]
 g = [x["shared_gathers"] for x in s]
@@ -459,15 +459,15 @@ print(f"  gathered page-in: {g} shared chunks gathered, {[x['gathered_bytes'] >>
 assert g[0] == g[1], "the ranks gathered different chunks"
 assert all(x["gathered_bytes"] == x["shared_gathers"] * x["chunk_size"] for x in s)
 if g[0]:
-    open(sys.argv[3], "a").close()
+    open(sys.argv[3], "w").write(sys.argv[4])  # a seed whose run gathers, for the kill below
 PY
   done
   [ -e "$tmp/gathered" ] || fail "no run gathered a shared chunk onto a GPU frame"
-  ARGS="1 100" RANK1_ENV="FAKENCCL_KILL_IN_OP=1" two_ranks gather_killed "${gather[@]}"
+  ARGS="$(cat "$tmp/gathered") 100" RANK1_ENV="FAKENCCL_KILL_IN_OP=1" two_ranks gather_killed "${gather[@]}"
   [ "$status1" != 0 ] || fail "rank 1 was not killed in its first all-gather"
   [ "$status0" = 0 ] || fail "rank 0 did not go on after rank 1 died: $(cat "$tmp/gather_killed.0.err")"
   grep -q "ncclAllGather failed" "$tmp/gather_killed.0.err" || fail "rank 0 did not name the failed gather: $(cat "$tmp/gather_killed.0.err")"
-  [ "$(sed 's/, host.*//' "$tmp/gather_killed.0.out")" = "$(sed 's/, host.*//' "$tmp/gather1.alone.0")" ] \
+  [ "$(sed 's/, host.*//' "$tmp/gather_killed.0.out")" = "$(sed 's/, host.*//' "$tmp/gather$(cat "$tmp/gathered").alone.0")" ] \
     || fail "rank 0's bytes after rank 1 died differ: $(cat "$tmp/gather_killed.0.out")"
   echo "rank 1 killed in a gather: rank 0 finished alone, bytes intact: $(head -1 "$tmp/gather_killed.0.err")"
   ;;
