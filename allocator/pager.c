@@ -474,6 +474,14 @@ static bool waits(struct device *d, uint64_t chunk, uint64_t now, uint64_t perio
          predicted_next(d, chunk, now, period) >= now + period / MARGIN_LOOKAHEAD;
 }
 
+/* Whether a mapped chunk may be movable by now, judged without the driver: no launch in
+ * flight on its span, no copy of its own, used at least once, and not within the last
+ * PSSHIM_RUNAHEAD launches (such a chunk is most likely still queued). psa_movable decides. */
+static bool settled(const struct chunk *c, uint64_t now)
+{
+  return !c->span->in_flight && !c->copy && c->last_use && c->last_use + ps_options.runahead <= now;
+}
+
 /* What a plan needs of the chunks, in one pass over them (at 3x over budget on the 2.68B
  * GPT, three passes over its ~11,600 chunks took most of a plan's time: ~55 ms of a 1.9 s
  * step, bench/results/README.md):
@@ -505,8 +513,7 @@ static void survey(struct device *d, uint64_t now, uint64_t period, bool crowded
     s->young_all += yng;
     s->waiting += waiting;
     s->young_gpu += gpu && yng && !waiting;
-    /* A chunk used within the last PSSHIM_RUNAHEAD launches is most likely still queued. */
-    if (sp->in_flight || c->copy || !c->last_use || c->last_use + ps_options.runahead > now)
+    if (!settled(c, now))
       continue;
     if (gpu && victims) {
       /* Victims are model data and young chunks that wait: the other young keep their
@@ -606,8 +613,7 @@ static uint32_t page_out_oldest(struct device *d)
   uint64_t now = d->pager.clock;
   for (uint64_t i = 0; i < d->space.chunks_high; i++) {
     struct chunk *c = &d->chunks[i];
-    if (c->frame == PSA_NO_FRAME || !on(d, c, PSA_GPU) || !c->span->live_allocs || c->span->in_flight ||
-        c->copy || !c->last_use || c->last_use + ps_options.runahead > now)
+    if (c->frame == PSA_NO_FRAME || !on(d, c, PSA_GPU) || !c->span->live_allocs || !settled(c, now))
       continue;
     oldest[n++] = (psp_cand){.chunk = (uint32_t)i, .bytes = d->chunk_size, .dirty = true, .next_use = now - c->last_use};
   }
