@@ -24,7 +24,9 @@
  * processes map the same pages (charged to the exporter only). Everything here is under fc_mem_mu. */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -93,6 +95,17 @@ static bool map_all(struct fc_reservation *r, CUdeviceptr va, size_t size, int f
   for (int d = 0; d < fc_cfg.device_count; d++)
     ok = mmap(r->view[d] + (va - r->base), size, PROT_NONE, flags, fd, offset) != MAP_FAILED && ok;
   return ok;
+}
+
+/* A range that could not be put back to the reservation's inaccessible state would stay
+ * readable: a fake that lies is worse than none, so it stops, saying why (mmap fails here
+ * mostly when the process has run out of mappings: vm.max_map_count, each chunk mapped at
+ * its address and at one view per device). */
+static _Noreturn void unrestorable(CUdeviceptr va, size_t size) {
+  int e = errno;
+  fprintf(stderr, "fakecuda: cannot return [0x%llx, +%zu) to its reservation: %s (vm.max_map_count too low?)\n",
+          (unsigned long long)va, size, strerror(e));
+  abort();
 }
 
 static int prot_of(unsigned long long flags) {
@@ -293,7 +306,7 @@ static CUresult mem_map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGeneri
   for (struct fc_piece *p = res && !r ? res->pieces : NULL; p; p = p->next)
     if (ptr < p->va + p->size && p->va < ptr + size) r = CUDA_ERROR_INVALID_VALUE; /* already mapped */
   if (r == CUDA_SUCCESS && !map_all(res, ptr, size, f->fd, (off_t)offset)) {
-    if (!map_all(res, ptr, size, -1, 0)) abort(); /* see mem_unmap */
+    if (!map_all(res, ptr, size, -1, 0)) unrestorable(ptr, size);
     r = CUDA_ERROR_OUT_OF_MEMORY;
   }
   if (r == CUDA_SUCCESS) {
@@ -330,7 +343,7 @@ static CUresult mem_unmap(CUdeviceptr ptr, size_t size) {
     struct fc_piece *p = *pp;
     if (p->va >= ptr && p->va + p->size <= ptr + size) {
       if (!map_all(res, p->va, p->size, -1, 0))
-        abort(); /* the range would stay readable: a fake that lies is worse than none */
+        unrestorable(p->va, p->size);
       *pp = p->next;
       frame_unref(p->frame);
       free(p);
