@@ -36,3 +36,10 @@ for name in ${PACK_VARIANTS:-}; do
   build_at HEAD "$PWD/tests/gpu/variants/$name.patch" "libpsshim-$name.so"
 done
 ls -la .gpu
+# The device call carries the working tree's tracked and untracked files and .gpu, at most
+# 64 MiB in all, and refuses more: say so here, where results can still be left out.
+tree=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | xargs -0 -r stat -c %s 2>/dev/null |
+  awk '{s += $1} END {print s + 0}')
+carried=$((tree + $(du -sb .gpu | cut -f1)))
+echo "pack: the device call would carry $((carried >> 20)) MiB of the 64 MiB it takes"
+[ "$carried" -lt $((60 << 20)) ] || echo "pack: warning: within 4 MiB of the device tool's 64 MiB: leave large results out" >&2
