@@ -48,7 +48,8 @@ static const struct option_def option_table[] = {
   {"PSSHIM_INPLACE_RATE", OPT_SIZE, "a non-zero size per second (e.g. 40G)", "40G", &ps_options.inplace_rate, NULL,
    NULL},
   /* Off: remaps made off the launching thread took 7-9x the driver time inside a training
-   * run (bench/results/mover_ab_2026-12-01_thread/). */
+   * run (bench/results/mover_ab_2026-12-01_thread/), and on the 2.68B GPT the mover was
+   * faster at 3x over budget only, slower at 2x and 4x (mover_takeback_2026-12-03_697ca22/). */
   {"PSSHIM_MOVER", OPT_BOOL, "0 or 1", "0", &ps_options.mover, NULL, NULL},
   {"PSSHIM_LOG", OPT_CHOICE, "off, error, warn, info or debug", "error", &ps_options.log_level, NULL,
    log_choices},
