@@ -26,23 +26,23 @@ scale=${REPLAY_SCALE:-4}
 for f in "$lib" "$build/tests/integration/trace_replay" "$build/tools/psshim-report" "$build/tests/fakecuda/libcupti.so"; do
   [ -e "$f" ] || { echo "replay.sh: $f is missing: build first (meson setup build && ninja -C build)" >&2; exit 2; }
 done
+peak=${REPLAY_PEAK:-44274838528}
+gib() { python3 -c "print(int($1 / 2**30) + 2)"; } # the fake driver's memory, with room
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-case $trace in
-  *.gz) gzip -dc "$trace" >"$work/in.trace" ;;
-  *) cp "$trace" "$work/in.trace" ;;
-esac
+if [[ $trace == *.gz ]]; then
+  gzip -dc "$trace" >"$work/in.trace"
+  trace=$work/in.trace
+fi
 for ratio in $ratios; do
-  peak=${REPLAY_PEAK:-44274838528}
   budget=$(python3 -c "print(int($peak / $ratio / $scale))")
-  gib() { python3 -c "print(int($1 / 2**30) + 2)"; } # the fake driver's memory, with room
   echo "== ratio $ratio: budget $budget bytes at scale $scale"
   # shellcheck disable=SC2086 # REPLAY_ENV is a list of settings
   env LD_LIBRARY_PATH="$build/tests/fakecuda" FAKECUDA_DEVICE_MEM="$(gib "$budget")G" FAKECUDA_HOST_MEM="$(gib "$peak / $scale")G" \
     LD_PRELOAD="$lib" PSSHIM_CUPTI="$build/tests/fakecuda/libcupti.so" PSSHIM_POLICY=auto \
     PSSHIM_CHUNK_SIZE="${REPLAY_CHUNK:-2M}" PSSHIM_INPLACE_RATE="${REPLAY_RATE:-10G}" PSSHIM_GPU_BUDGET="$budget" \
     PSSHIM_STATS="$work/stats.json" PSSHIM_TRACE="$work/out.trace" ${REPLAY_ENV:-} \
-    "$build/tests/integration/trace_replay" --scale "$scale" "$work/in.trace"
+    "$build/tests/integration/trace_replay" --scale "$scale" "$trace"
   python3 - "$work/stats.json" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))
