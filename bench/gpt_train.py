@@ -480,10 +480,10 @@ def train_step(model, opt, inputs, targets, autocast, timing: dict | None = None
     return loss.detach()
 
 
-def profile_step(model, opt, inputs, targets, autocast, device) -> dict:
-    """One more step under torch.profiler: GPU time by kind, busy share, top kernels. A
-    profiler that cannot attach (CUPTI has one callback subscriber, and psshim may hold it)
-    is recorded as an error, not raised."""
+def profile_step(step, device) -> dict:
+    """One more step (the call step()) under torch.profiler: GPU time by kind, busy share,
+    top kernels. A profiler that cannot attach (CUPTI has one callback subscriber, and
+    psshim may hold it) is recorded as an error, not raised."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -491,7 +491,7 @@ def profile_step(model, opt, inputs, targets, autocast, device) -> dict:
         synchronize(device)
         t0 = time.perf_counter()
         with profile(activities=acts) as prof:
-            train_step(model, opt, inputs, targets, autocast)
+            step()
             synchronize(device)
         wall = time.perf_counter() - t0
         gpu = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
@@ -513,6 +513,14 @@ def profile_step(model, opt, inputs, targets, autocast, device) -> dict:
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:12]
     return {"wall_s": wall, "gpu_us_by_kind": kinds, "gpu_busy_us": busy, "gpu_busy_share": busy / 1e6 / wall,
             "top_gpu_us": top, "gpu_events": len(gpu)}
+
+
+def profile_line(p: dict) -> str:
+    """profile_step's result in one line."""
+    if "error" in p:
+        return f"profiled step: {p['error']}"
+    return (f"profiled step {p['wall_s']:.3f} s, GPU busy {p['gpu_busy_share']:.0%}, "
+            f"kernels {p['gpu_us_by_kind']['kernel'] / 1e3:.0f} ms, copies {p['gpu_us_by_kind']['memcpy'] / 1e3:.0f} ms")
 
 
 def step_line(rec: dict) -> str:
@@ -646,11 +654,8 @@ def train(a: argparse.Namespace, res: dict) -> dict:
         pcie.stop()
         res["pcie"]["error"] = pcie.error
     if a.profile:
-        res["profile"] = profile_step(model, opt, inputs, targets, autocast, device)
-        p = res["profile"]
-        say(f"gpt_train: profiled step: {p['error']}" if "error" in p else
-            f"gpt_train: profiled step {p['wall_s']:.3f} s, GPU busy {p['gpu_busy_share']:.0%}, "
-            f"kernels {p['gpu_us_by_kind']['kernel'] / 1e3:.0f} ms, copies {p['gpu_us_by_kind']['memcpy'] / 1e3:.0f} ms")
+        res["profile"] = profile_step(lambda: train_step(model, opt, inputs, targets, autocast), device)
+        say("gpt_train: " + profile_line(res["profile"]))
     return res
 
 

@@ -37,6 +37,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="deterministic algorithms where torch has them (default: off)")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
+    p.add_argument("--profile", action="store_true",
+                   help="after the timed steps, run one more under torch.profiler and record in the JSON "
+                        "(\"profile\") the GPU time by kind, the GPU's busy share and the top kernels")
     a = p.parse_args(argv)
     if a.steps < 1:
         p.error("--steps must be at least 1")
@@ -63,16 +66,21 @@ def train(a: argparse.Namespace, res: dict) -> None:
     init_mem = gpt_train.memory_now(device)
     print(f"resnet_train: ResNet-50 {res['param_count'] / 1e6:.1f}M params on {res['device_name']}, "
           f"torch {torch.__version__}, torchvision {torchvision.__version__}", flush=True)
-    for step in range(a.steps):
-        gpt_train.reset_peaks(device)
-        gpt_train.synchronize(device)
-        before = benchlib.psshim_stats()
-        t0 = time.perf_counter()
+
+    def train_step():
         with torch.autocast(device.type, dtype=torch.bfloat16):
             loss = F.cross_entropy(model(images), labels)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        return loss
+
+    for step in range(a.steps):
+        gpt_train.reset_peaks(device)
+        gpt_train.synchronize(device)
+        before = benchlib.psshim_stats()
+        t0 = time.perf_counter()
+        loss = train_step()
         gpt_train.synchronize(device)
         dt = time.perf_counter() - t0
         value = loss.float().item()
@@ -89,6 +97,9 @@ def train(a: argparse.Namespace, res: dict) -> None:
               f"{benchlib.gib(rec.get('max_allocated_bytes'))} GiB", flush=True)
         if a.json:
             benchlib.write_json(a.json, res)
+    if a.profile:
+        res["profile"] = gpt_train.profile_step(train_step, device)
+        print("resnet_train: " + gpt_train.profile_line(res["profile"]), flush=True)
 
 
 def main(argv=None) -> int:
