@@ -145,7 +145,7 @@ void psa_usage_reset_high(int ordinal, bool reserved, bool used);
   X(migrations_to_gpu, SUM) X(migrations_to_host, SUM) X(bytes_h2d, SUM) X(bytes_d2h, SUM)    \
   X(copy_waits, SUM) X(touches_gpu, SUM) X(touches_host, SUM)                                 \
   X(plans, SUM) X(plans_no_fetch, SUM) X(plans_no_victim, SUM) X(plans_belady, SUM)           \
-  X(plans_no_gain, SUM) X(margin_frames, SUM)                                                 \
+  X(plans_no_gain, SUM) X(plans_copy_bound, SUM) X(margin_frames, SUM)                        \
   X(plan_ns, SUM) X(move_ns, SUM) X(remap_ns, SUM) X(scan_ns, SUM) X(poll_ns, SUM)            \
   X(frame_wait_ns, SUM) X(frame_make_ns, SUM) X(runahead_wait_ns, SUM)                        \
   X(runahead_timeouts, SUM) X(event_queries, SUM)                                             \

@@ -696,7 +696,11 @@ static void plan(struct device *d, uint64_t now, uint64_t period)
       room++;
       moves++;
     }
-  for (size_t i = 0; i < nf && moves < most && d->pager.ncopying + 2 <= most; i++) {
+  for (size_t i = 0; i < nf && moves < most; i++) {
+    if (d->pager.ncopying + 2 > most) { /* the copies in flight are at their bound */
+      d->stats.plans_copy_bound++;
+      return;
+    }
     uint64_t chunk = fetch[i].chunk, need = PSP_NEVER - fetch[i].next_use;
     if (!psa_movable(d, chunk))
       continue;
