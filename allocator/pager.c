@@ -573,14 +573,20 @@ uint32_t psa_frame_for(struct device *d, uint64_t period, uint64_t need)
   return PSA_NO_FRAME;
 }
 
-/* Before the period is trusted nothing tells the iteration's short-lived allocations from
- * model data, and nothing moves (plan). Where that leaves kernels reading their operands
- * in host frames (at 3x over budget on the 2.68B GPT: 17-29 s a step for the first four
- * steps against 1.7 s steady, about 1 TB a step read in place, bench/results/README.md),
- * an allocation that finds no GPU frame takes the frame of the live chunk unused for
- * longest instead: what a kernel writes now is read again soon, what lay unused longest is
- * read in place at most once or twice before the period is known. Where few touches find
- * host frames (1.5% at 1.25x), static placement stands: it costs nothing then. */
+/* Room by age: an allocation that finds no GPU frame takes the frame of the live chunk
+ * unused for longest instead of a host frame: what a kernel writes now is read again soon,
+ * what lay unused longest is read in place at most once or twice before it is needed.
+ * - Before the period is trusted nothing tells the iteration's short-lived allocations from
+ *   model data, and nothing moves (plan). Where that leaves kernels reading their operands
+ *   in host frames (at 3x over budget on the 2.68B GPT: 17-29 s a step for the first four
+ *   steps against 1.7 s steady, about 1 TB a step read in place, bench/results/README.md),
+ *   room by age stands in for the pager. Where few touches find host frames (1.5% at
+ *   1.25x), static placement stands: it costs nothing then.
+ * - Once trusted, where the coming part of the iteration is crowded (its own allocations
+ *   outgrow the GPU, as at half the activation set's peaks and at 3x on the GPT), the
+ *   margin's page-outs ahead of time cannot make room for them all, and what they leave
+ *   out lands in host frames: there room by age goes on (ResNet-50 5-6% and the demo GPT
+ *   11-14% faster in two calls each, bench/results/README.md). */
 #define ROOM_CROWDED_SHARE 10 /* more than 1/10 of the chunk touches in host frames */
 #define ROOM_BATCH_BYTES (64ull << 20) /* a batch of page-outs, at most 1/16 of the GPU's frames */
 
@@ -595,10 +601,12 @@ static bool host_frames_ample(const struct device *d)
 
 bool psa_room_by_age(const struct device *d)
 {
-  return ps_options.policy == PS_POLICY_AUTO && !d->pager.period && !atomic_load(&paging_off) &&
-         !psa_capture_underway() &&
-         d->stats.touches_host * ROOM_CROWDED_SHARE > d->stats.touches_host + d->stats.touches_gpu &&
-         host_frames_ample(d);
+  if (ps_options.policy != PS_POLICY_AUTO || atomic_load(&paging_off) || psa_capture_underway() ||
+      !host_frames_ample(d))
+    return false;
+  if (d->pager.period)
+    return coming_margin(d, d->pager.clock, d->pager.period) > d->fr.gpu_limit;
+  return d->stats.touches_host * ROOM_CROWDED_SHARE > d->stats.touches_host + d->stats.touches_gpu;
 }
 
 /* Pages out up to a batch of the live chunks on the GPU unused for longest; how many. */
@@ -627,7 +635,7 @@ static uint32_t page_out_oldest(struct device *d)
       moved++;
   if (!own)
     ps_own_work(false);
-  d->stats.early_page_outs += moved;
+  d->stats.room_page_outs += moved;
   return moved;
 }
 
