@@ -317,9 +317,10 @@ CUresult psa_move(struct device *d, uint64_t chunk, enum psa_where to);
  * the frame of the model chunk on the GPU needed farthest after `need` (Belady), paged out
  * and waited for; PSA_NO_FRAME when none is needed later. Drops d->lock. */
 uint32_t psa_frame_for(struct device *d, uint64_t period, uint64_t need);
-/* Before the period is trusted, where kernels find more than a tenth of their chunks in
- * host frames: whether an allocation that finds no GPU frame free should have one made
- * (psa_frame_by_age) rather than be placed in host frames. */
+/* Whether an allocation that finds no GPU frame free should have one made
+ * (psa_frame_by_age) rather than be placed in host frames: before the period is trusted
+ * where kernels find more than a tenth of their chunks in host frames, after it where the
+ * coming part of the iteration is crowded. */
 bool psa_room_by_age(const struct device *d);
 /* A GPU frame made by paging out the live chunks on the GPU unused for longest, a batch at
  * a time, waiting for the copy out; PSA_NO_FRAME when none can move. Drops d->lock. */

@@ -323,8 +323,8 @@ uint32_t psa_host_frame(struct device *d)
   return psa_frame_take(d, PSA_HOST);
 }
 
-/* GPU frames first (free, made, taken back from idle spans, or made by paging out before
- * the period is trusted: psa_room_by_age), then host frames. Drops d->lock. */
+/* GPU frames first (free, made, taken back from idle spans, or made by paging out:
+ * psa_room_by_age), then host frames. Drops d->lock. */
 static uint32_t frame_for_chunk(struct device *d)
 {
   static const enum psa_where order[] = {PSA_GPU, PSA_HOST};
