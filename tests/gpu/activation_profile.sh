@@ -17,17 +17,16 @@ export LD_LIBRARY_PATH=$G${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONUNBUFFERED=
 # The budgets are half the native peaks that bench/results/activation_set.json records.
 declare -A budget=([resnet50]=1606418432 [gpt-demo]=4175429632)
 declare -A script=([resnet50]="bench/resnet_train.py" [gpt-demo]="bench/gpt_train.py --preset demo --no-checkpoint")
+run_args="--steps 20 --warmup 10 --deterministic --profile"
 for w in resnet50 gpt-demo; do
-  # shellcheck disable=SC2086 # script holds the script and its arguments
-  timeout 120 python3 ${script[$w]} --steps 20 --warmup 10 --deterministic --profile \
-    --json "$OUT/${w}_native.json" >"$OUT/${w}_native.log" 2>&1
+  # shellcheck disable=SC2086 # script and run_args hold words
+  timeout 120 python3 ${script[$w]} $run_args --json "$OUT/${w}_native.json" >"$OUT/${w}_native.log" 2>&1
   IFS=, read -ra libs <<<"${PROFILE_LIBS:-}"
   for lib in "${libs[@]:-}"; do
     name=${w}_psshim${lib:+_$lib}
     # shellcheck disable=SC2086
     LD_PRELOAD=$G/libpsshim${lib:+-$lib}.so PSSHIM_GPU_BUDGET=${budget[$w]} PSSHIM_STATS=$OUT/$name.stats.json \
-      timeout 180 python3 ${script[$w]} --steps 20 --warmup 10 --deterministic --profile \
-      --json "$OUT/$name.json" >"$OUT/$name.log" 2>&1
+      timeout 180 python3 ${script[$w]} $run_args --json "$OUT/$name.json" >"$OUT/$name.log" 2>&1
   done
 done
 python3 - "$OUT" <<'PY'

@@ -661,14 +661,6 @@ static void test_training_loop_settles_without_moves(void **state)
   assert_true(late <= 4);       /* a few stragglers at most, over 20 steps */
 }
 
-/* At 3x and 4x over budget on the H200 the iteration's own allocations alone outgrew the
- * GPU frames, and those made last (the backward's recomputed activations) landed in host
- * frames, where GEMMs read them in place (bench/results/study_run39.json). Here, layer by
- * layer, the backward makes and reads a short-lived activation while the saved activations
- * wait for it and the gradients for the optimizer step: 10 frames of the iteration's own
- * data against 8. The pager must evict what waits longest (gradients, saved activations,
- * although allocated this iteration) so the short-lived activation lands on the GPU. Exits
- * with how many of the last 10 steps' 80 short-lived activations did. */
 /* Where the coming part of a trusted iteration is crowded, allocations that find no GPU
  * frame take the frames of the chunks unused for longest (room by age) instead of host
  * frames: a whole GPU's worth more, made at the start of the backward, all land on the GPU,
@@ -697,6 +689,14 @@ static void extra_allocations_take_room(CUstream s)
   }
 }
 
+/* At 3x and 4x over budget on the H200 the iteration's own allocations alone outgrew the
+ * GPU frames, and those made last (the backward's recomputed activations) landed in host
+ * frames, where GEMMs read them in place (bench/results/study_run39.json). Here, layer by
+ * layer, the backward makes and reads a short-lived activation while the saved activations
+ * wait for it and the gradients for the optimizer step: 10 frames of the iteration's own
+ * data against 8. The pager must evict what waits longest (gradients, saved activations,
+ * although allocated this iteration) so the short-lived activation lands on the GPU. Exits
+ * with how many of the last 10 steps' 80 short-lived activations did. */
 static void crowded(void *arg)
 {
   (void)arg;
