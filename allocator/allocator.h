@@ -123,7 +123,8 @@ void psa_usage_reset_high(int ordinal, bool reserved, bool used);
  *   of it, waiting for the device's lock while the mover held it; and the mover's wait
  *   for the lock after each remap (remap_ns is the driver's time alone) and for copies in
  *   flight to drain before a remap; idle spans taken back for their frames, their chunks
- *   (unmapped), and the time taking them back took, finding them included;
+ *   (unmapped), and the time taking them back took, finding them included; chunks paged
+ *   out to give an allocation a GPU frame (room by age); devices whose turns a mover took;
  * - sharding: the rounds held (device synchronized, chunks checksummed and compared) and
  *   the time spent in them, chunks made shared and private again, shared chunks paged in
  *   at a touch (pieces kept) and mapped back onto their pieces unchanged, shared chunks
@@ -151,7 +152,7 @@ void psa_usage_reset_high(int ordinal, bool reserved, bool used);
   X(runahead_timeouts, SUM) X(event_queries, SUM)                                             \
   X(late_waits, SUM) X(late_wait_ns, SUM) X(launch_ns, SUM) X(lock_wait_ns, SUM)             \
   X(relock_ns, SUM) X(copy_settle_ns, SUM) X(reclaims, SUM) X(reclaim_chunks, SUM)          \
-  X(reclaim_ns, SUM) X(room_page_outs, SUM)                                                   \
+  X(reclaim_ns, SUM) X(room_page_outs, SUM) X(movers, SUM)                                    \
   X(share_rounds, SUM) X(share_round_ns, SUM) X(shares, SUM) X(unshares, SUM)                 \
   X(shared_pageins, SUM) X(shared_clean_leaves, SUM) X(shared_gathers, SUM)                   \
   X(gathered_bytes, SUM) X(gather_ns, SUM) X(comm_init_ns, SUM) X(shared_chunks, SUM)         \

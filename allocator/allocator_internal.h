@@ -194,13 +194,14 @@ struct device {
     uint32_t nmoving;         /* chunks `moving` */
     pthread_cond_t moved;     /* on d->lock: a chunk stopped `moving` */
   } pager;
-  /* The mover (pager.c, PSSHIM_MOVER=1): the thread that plans and makes the moves, woken
+  /* The mover (pager.c, PSSHIM_MOVER): the thread that plans and makes the moves, woken
    * by launches. Its own mutex, never held with d->lock, so a launch that wakes it never
    * waits for a plan. */
   struct {
     pthread_mutex_t mutex;
     pthread_cond_t wake;
     pthread_t thread;
+    _Atomic bool crowded;  /* a plan found the iteration's own allocations outgrowing the GPU */
     bool started, running; /* running: the thread takes the turns; else the launching threads do */
     bool due;             /* a launch asked for a plan since the last one began */
     uint64_t seq, period, position; /* the latest such launch's */

@@ -20,8 +20,9 @@
  * frames of GPU chunks used later (OPT on predicted next uses), where the uses saved
  * outweigh the moves' measured cost; with PSSHIM_POLICY=plan, once policy/'s plan for the
  * iteration is made (plan_exec.c), its moves instead. Correctness never depends on them.
- * The launching threads take these turns every few launches, or with PSSHIM_MOVER=1 wake a
- * thread per device (the mover) that takes them. Work psshim cannot see (graph launches,
+ * The launching threads take these turns every few launches, or wake a thread per device
+ * (the mover) that takes them: once the iteration's own allocations outgrow the GPU
+ * (PSSHIM_MOVER=crowded, the default), or always (=1). Work psshim cannot see (graph launches,
  * array copies, graph capture) stops paging for good. */
 #include "allocator/allocator_internal.h"
 #include "comm/comm.h"
@@ -689,6 +690,8 @@ static void plan(struct device *d, uint64_t now, uint64_t period)
   d->stats.scan_ns += psa_now_ns() - scan_start;
   if (sv.young_all > d->pager.margin) /* counted in host frames too: what did not fit counts */
     d->stats.margin_frames = d->pager.margin = sv.young_all;
+  if (d->pager.margin > d->fr.gpu_limit)
+    atomic_store(&d->mover.crowded, true);
   psp_phase_note(&d->pager.young, now, period, sv.young_all);
   uint64_t margin = coming_margin(d, now, period);
   margin = margin > sv.waiting ? margin - sv.waiting : 0;
@@ -1095,6 +1098,11 @@ static void *mover_main(void *arg)
     psa_relax(true);
     ps_own_work(true);
   }
+  if (ready) {
+    pthread_mutex_lock(&d->lock);
+    d->stats.movers = 1;
+    pthread_mutex_unlock(&d->lock);
+  }
   pthread_mutex_lock(&d->mover.mutex);
   if (!ready) {
     d->mover.running = false;
@@ -1120,8 +1128,20 @@ static void *mover_main(void *arg)
 
 static _Thread_local uint64_t tls_launch_ns; /* this thread's time in the pager not yet told to a mover */
 
-/* Asks the device's mover for a turn as of this launch, starting it the first time
- * (PSSHIM_MOVER=1); without one the turn is taken here. */
+/* Whether the device's turns go to a mover: with PSSHIM_MOVER=crowded, once a plan has
+ * found the iteration's own allocations outgrowing the GPU (its largest margin above the
+ * budget). On the H200 the mover made every such run faster (the 2.68B GPT at 3x and 4x
+ * over budget by 7% and 14%, ResNet-50 and the demo GPT at half their peaks by 20% and 7%)
+ * and every other one slower or no faster (1.25x-2x: 2-23% slower), all in one call each
+ * (bench/results/README.md): where few moves are made the launching threads have time for
+ * them, and remaps made beside kernels reading host frames in place cost many times more. */
+static bool mover_wanted(struct device *d)
+{
+  return ps_options.mover == PS_MOVER_ON || (ps_options.mover == PS_MOVER_CROWDED && atomic_load(&d->mover.crowded));
+}
+
+/* Asks the device's mover for a turn as of this launch, starting it the first time it is
+ * wanted; without one the turn is taken here. */
 static void mover_wake(struct device *d, uint64_t seq, uint64_t period, uint64_t position)
 {
   pthread_mutex_lock(&d->mover.mutex);
@@ -1130,12 +1150,12 @@ static void mover_wake(struct device *d, uint64_t seq, uint64_t period, uint64_t
   d->mover.position = position;
   d->mover.launch_ns += tls_launch_ns;
   tls_launch_ns = 0;
-  if (!d->mover.started && ps_options.mover) {
+  if (!d->mover.started && mover_wanted(d)) {
+    d->mover.started = true;
     d->mover.running = !pthread_create(&d->mover.thread, NULL, mover_main, d);
     if (!d->mover.running)
       ps_log(PS_LOG_WARN, "no mover thread for device %d: launching threads make the moves", d->ordinal);
   }
-  d->mover.started = true;
   bool here = !d->mover.running;
   if (!here && !d->mover.due) {
     d->mover.due = true;

@@ -152,6 +152,8 @@ struct ps_moment {
 
 /* ---- options: read once from the environment at start (see options.c for the table) ---- */
 enum ps_policy_kind { PS_POLICY_STATIC = 0, PS_POLICY_AUTO, PS_POLICY_PLAN };
+/* PSSHIM_MOVER: who takes the pager's turns (allocator/pager.c). */
+enum ps_mover_kind { PS_MOVER_OFF = 0, PS_MOVER_ON, PS_MOVER_CROWDED };
 /* A policy's PSSHIM_POLICY value ("static", "auto", "plan"). */
 const char *ps_policy_name(enum ps_policy_kind p);
 struct ps_options {
@@ -171,7 +173,7 @@ struct ps_options {
   unsigned sample_ms;        /* PSSHIM_SAMPLE_MS */
   unsigned runahead;         /* PSSHIM_RUNAHEAD: launches the host may enqueue ahead (auto) */
   uint64_t inplace_rate;     /* PSSHIM_INPLACE_RATE: bytes/s kernels read a host frame in place (auto) */
-  bool mover;                /* PSSHIM_MOVER=1: a thread per device plans and moves (auto, plan) */
+  int mover;                 /* PSSHIM_MOVER (enum ps_mover_kind): when a thread per device plans and moves */
   const char *cupti_path;    /* PSSHIM_CUPTI */
   const char *libcuda_path;  /* PSSHIM_LIBCUDA */
   const char *nccl_path;     /* PSSHIM_NCCL: the NCCL of psshim's own communicator */

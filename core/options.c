@@ -26,6 +26,7 @@ struct option_def {
 static const char *const policy_choices[] = {"static", "auto", "plan", NULL}; /* enum ps_policy_kind's order */
 static const char *const log_choices[] = {"off", "error", "warn", "info", "debug", NULL};
 static const char *const torch_choices[] = {"async", "keep", NULL};
+static const char *const mover_choices[] = {"0", "1", "crowded", NULL}; /* enum ps_mover_kind's order */
 
 static int torch_alloc_choice;
 static const char *stats_text;
@@ -47,10 +48,10 @@ static const struct option_def option_table[] = {
    * place at 43-48 GB/s each way. */
   {"PSSHIM_INPLACE_RATE", OPT_SIZE, "a non-zero size per second (e.g. 40G)", "40G", &ps_options.inplace_rate, NULL,
    NULL},
-  /* Off: remaps made off the launching thread took 7-9x the driver time inside a training
-   * run (bench/results/mover_ab_2026-12-01_thread/), and on the 2.68B GPT the mover was
-   * faster at 3x over budget only, slower at 2x and 4x (mover_takeback_2026-12-03_697ca22/). */
-  {"PSSHIM_MOVER", OPT_BOOL, "0 or 1", "0", &ps_options.mover, NULL, NULL},
+  /* Crowded: on the H200 the mover made every crowded run faster (the 2.68B GPT at 3x and
+   * 4x, the activation set) and every uncrowded one slower or no faster (1.25x-2x), all
+   * pairs in one call each (bench/results/mover_2026-12-03_a2eafe8/). */
+  {"PSSHIM_MOVER", OPT_CHOICE, "crowded, 1 or 0", "crowded", &ps_options.mover, NULL, mover_choices},
   {"PSSHIM_LOG", OPT_CHOICE, "off, error, warn, info or debug", "error", &ps_options.log_level, NULL,
    log_choices},
   {"PSSHIM_STATS", OPT_PATH, "0, 1 (summary on stderr at exit) or a file path (JSON at exit)", NULL,

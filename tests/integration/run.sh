@@ -265,7 +265,8 @@ assert s["migrations_to_host"] > 0, "the pager did not move chunks out"
 whole = (s["launches"] - s["period_adopted_at"]) // s["period"]
 assert whole - 2 <= s["steady_iterations"] <= whole - 1, f"steady iterations {s['steady_iterations']} of {whole}"
 assert 0 < s["steady_launch_ns"] < s["steady_wall_ns"], "the pager's share of the steady iteration"
-assert 0 < s["steady_touches_host"] * s["steady_iterations"] <= s["touches_host"], "host touches per steady iteration"
+# A median: at least half the steady iterations made that many touches of host frames.
+assert 0 < s["steady_touches_host"] * s["steady_iterations"] <= 2 * s["touches_host"], "host touches per steady iteration"
 assert s["peak_live_bytes"] > s["gpu_budget"], "the budget does not make it page"
 assert s["peak_gpu_bytes"] <= s["gpu_budget"], "GPU budget exceeded"
 assert abs(s["peak_live_bytes"] * scale / 1516280832 - 1) < 0.01, "the scaled peak is not 1/scale of the full one"

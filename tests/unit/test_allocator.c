@@ -434,10 +434,9 @@ static void run_loop(void *arg)
   const char *budget = budgets[rand_r(&r) % 5];
   setenv("PSSHIM_POLICY", "auto", 1);
   setenv("PSSHIM_RUNAHEAD", "16", 1); /* well under the loop's period of 40-130 launches */
-  if (seed > 5) { /* the mover thread takes the pager's turns, its remaps slow */
-    setenv("PSSHIM_MOVER", "1", 1);
+  setenv("PSSHIM_MOVER", seed > 5 ? "1" : "0", 1);
+  if (seed > 5) /* the mover thread takes the pager's turns, its remaps slow */
     setenv("FAKECUDA_REMAP_DELAY_US", "200", 1);
-  }
   start(budget, "512M");
   struct loop lp = {.m = PTHREAD_MUTEX_INITIALIZER, .turn_changed = PTHREAD_COND_INITIALIZER,
                     .threads = 2 + rand_r(&r) % 3, .iterations = 60, .seed = seed, .unseen_at = run->unseen_at};
@@ -650,6 +649,8 @@ static void steady(void *arg)
     exit(145);
   if (!ps_wiring_progress().period)
     exit(146);
+  if (st.movers)
+    exit(151); /* PSSHIM_MOVER=crowded: an iteration that fits keeps the turns on the launching thread */
   exit(late > 99 ? 99 : (int)late);
 }
 
@@ -741,13 +742,16 @@ static void crowded(void *arg)
   }
   struct psa_stats st;
   psa_stats_get(&st);
-  fprintf(stderr, "crowded: period %llu, short-lived activations on the GPU %d of 80, moves %llu, mismatches %llu\n",
-          (unsigned long long)ps_wiring_progress().period, on_gpu,
-          (unsigned long long)(st.migrations_to_gpu + st.migrations_to_host), (unsigned long long)atomic_load(&mismatches));
+  fprintf(stderr, "crowded: period %llu, short-lived activations on the GPU %d of 80, moves %llu, movers %llu, "
+          "mismatches %llu\n", (unsigned long long)ps_wiring_progress().period, on_gpu,
+          (unsigned long long)(st.migrations_to_gpu + st.migrations_to_host), (unsigned long long)st.movers,
+          (unsigned long long)atomic_load(&mismatches));
   if (atomic_load(&mismatches))
     exit(145);
   if (!ps_wiring_progress().period)
     exit(146);
+  if (st.movers != 1)
+    exit(150); /* PSSHIM_MOVER=crowded: the turns go to the mover once a plan finds it crowded */
   exit(on_gpu);
 }
 
