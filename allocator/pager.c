@@ -241,20 +241,29 @@ static _Thread_local bool tls_mover; /* this thread is a device's mover */
  * back, lets at most MOVER_COPIES_AHEAD run before it remaps. Drops d->lock. */
 #define MOVER_COPIES_AHEAD 8
 
+/* Waits for the work before mark m with d->lock dropped, so that the device's other
+ * threads go on meanwhile (a launch, or the mover, that wants the lock would wait out a
+ * copy queued behind others); the reference taken keeps m. */
+static CUresult mark_wait_unlocked(struct device *d, struct psa_mark *m)
+{
+  m->refs++;
+  pthread_mutex_unlock(&d->lock);
+  CUresult r = ps_driver.cuEventSynchronize(m->event);
+  pthread_mutex_lock(&d->lock);
+  m->done = m->done || r == CUDA_SUCCESS;
+  mark_put(d, m);
+  return r;
+}
+
 static void copies_settle(struct device *d)
 {
   while (tls_mover && d->pager.ncopying >= MOVER_COPIES_AHEAD) {
     uint64_t chunk = d->pager.copying[0];
     struct psa_mark *m = d->chunks[chunk].copy;
     if (!mark_passed(d, m, false)) {
-      m->refs++;
       uint64_t start = psa_now_ns();
-      pthread_mutex_unlock(&d->lock);
-      CUresult r = ps_driver.cuEventSynchronize(m->event);
-      pthread_mutex_lock(&d->lock);
+      CUresult r = mark_wait_unlocked(d, m);
       d->stats.copy_settle_ns += psa_now_ns() - start;
-      m->done = m->done || r == CUDA_SUCCESS;
-      mark_put(d, m);
       if (r != CUDA_SUCCESS)
         return; /* an error: the pager's own checks find it */
     }
@@ -653,7 +662,7 @@ uint32_t psa_frame_by_age(struct device *d)
       if (d->fr.frames[d->pager.deferred[i].frame].where == PSA_GPU)
         leaving = d->pager.deferred[i].copy;
     if (leaving)
-      mark_passed(d, leaving, true);
+      mark_wait_unlocked(d, leaving); /* an error shows at the next poll, which waits it out */
     else if (!host_frames_ample(d) || !page_out_oldest(d))
       return PSA_NO_FRAME;
   }
