@@ -47,18 +47,35 @@ static struct span *carve_in(struct device *d, enum psa_where w, uint64_t size, 
   return best;
 }
 
+/* Whether a GPU frame is free or can be made, by paging out (psa_room_by_age) if need be:
+ * then that frame is free. Where room by age is wanted but nothing can leave the GPU, the
+ * allocation goes into room in host spans as static placement puts it, not into a new span
+ * of host frames (the test driver's demo held 64 host frames where 36 hold what does not
+ * fit). Drops d->lock. */
+static bool gpu_frame_coming(struct device *d)
+{
+  if (psa_gpu_frame_available(d))
+    return true;
+  if (!psa_room_by_age(d))
+    return false;
+  uint32_t f = psa_frame_by_age(d);
+  if (f == PSA_NO_FRAME)
+    return false;
+  psa_frame_give(d, f); /* for the span below to take */
+  return true;
+}
+
 /* Static placement: room in GPU spans; once GPU frames run out (and none is made by paging
- * out, psa_room_by_age), room in host spans; then the latest allocation's span grown, or a
- * new one, on GPU frames while the budget lasts, then on host frames. Drops d->lock while
- * frames are taken. */
+ * out), room in host spans; then the latest allocation's span grown, or a new one, on GPU
+ * frames while the budget lasts, then on host frames. Drops d->lock while frames are
+ * taken. */
 static struct span *place(struct device *d, uint64_t size, CUstream stream, uint64_t *off)
 {
   struct span *s = carve_in(d, PSA_GPU, size, stream, off);
   if (s)
     return s;
   uint64_t nchunks = (size + d->chunk_size - 1) / d->chunk_size;
-  bool gpu_room = psa_gpu_frame_available(d) || psa_room_by_age(d);
-  if ((!gpu_room && (s = carve_in(d, PSA_HOST, size, stream, off))) ||
+  if ((!gpu_frame_coming(d) && (s = carve_in(d, PSA_HOST, size, stream, off))) ||
       (s = psa_span_extend(d, size, stream, off)))
     return s;
   s = psa_span_new(d, nchunks);
