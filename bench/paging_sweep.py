@@ -497,7 +497,8 @@ def pager_table(sweep: dict) -> str | None:
 def steady_table(sweep: dict) -> str | None:
     """Each psshim run's steady iteration as its PSSHIM_STATS gives it (medians over the
     trusted iterations after the first, measured between psshim's own iteration
-    boundaries); None if no run has one."""
+    boundaries): the launching threads' time in the pager, and apart from it the allocating
+    threads' time making room by age (room ms; builds before it: -); None if no run has one."""
     rows = []
     for r in sweep["runs"]:
         s = r.get("psshim_stats")
@@ -506,14 +507,16 @@ def steady_table(sweep: dict) -> str | None:
         rows.append([
             benchlib.fmt(r.get("ratio"), "g"), r["method"], str(s["steady_iterations"]),
             benchlib.fmt(s["steady_wall_ns"] / 1e9, ".3f"), benchlib.fmt(s["steady_launch_ns"] / 1e6, ".1f"),
-            benchlib.fmt(s["steady_pager_pct"], ".1f"), benchlib.fmt(s["steady_remap_ns"] / 1e6, ".1f"),
+            benchlib.fmt(s["steady_pager_pct"], ".1f"),
+            benchlib.fmt(s["steady_room_ns"] / 1e6, ".1f") if "steady_room_ns" in s else "-",
+            benchlib.fmt(s["steady_remap_ns"] / 1e6, ".1f"),
             benchlib.fmt(s["steady_bytes_h2d"] / 1e9, ".2f"), benchlib.fmt(s["steady_bytes_d2h"] / 1e9, ".2f"),
             benchlib.fmt(r["least_h2d_per_step"] / 1e9, ".2f") if "least_h2d_per_step" in r else "-",
             str(s["steady_late_waits"])])
     if not rows:
         return None
     return benchlib.format_table(
-        ["ratio", "method", "iterations", "iteration s", "pager ms", "pager %", "remap ms", "moved in GB",
+        ["ratio", "method", "iterations", "iteration s", "pager ms", "pager %", "room ms", "remap ms", "moved in GB",
          "moved out GB", "least in GB", "late waits"], rows)
 
 
@@ -610,7 +613,8 @@ def report(a, sweep: dict) -> int:
     if steady:
         print("\npsshim's steady iteration (PSSHIM_STATS: medians over the trusted iterations after "
               "the first): its wall time, the launching threads' time in the pager (run-ahead hold "
-              "apart) and its share, the driver's remap time, the bytes moved each way, beside the "
+              "apart) and its share, the allocating threads' time making room by age (not in the "
+              "pager's), the driver's remap time, the bytes moved each way, beside the "
               "least bytes in (serial bound), and launches that waited for a remap")
         print(steady)
     return 0

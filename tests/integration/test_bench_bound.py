@@ -24,13 +24,18 @@ assert len(row) == 1 and row[0].split()[2:] == ["0.764", "13.50", "0.604", "127%
 assert paging_sweep.serial_table({"runs": [{"ratio": 1.5, "method": "fsdp-offload"}]}) is None
 
 # The steady iteration's table reads a run's PSSHIM_STATS steady_* keys; a run without them
-# (a peer, or psshim with no trusted period) has no row.
+# (a peer, or psshim with no trusted period) has no row, and one of a build before
+# steady_room_ns shows "-" for it.
 stats = {"steady_iterations": 5, "steady_wall_ns": 1.6e9, "steady_launch_ns": 32e6, "steady_pager_pct": 2.0,
-         "steady_remap_ns": 12e6, "steady_bytes_h2d": 30e9, "steady_bytes_d2h": 20e9, "steady_late_waits": 0}
+         "steady_room_ns": 7e6, "steady_remap_ns": 12e6, "steady_bytes_h2d": 30e9, "steady_bytes_d2h": 20e9,
+         "steady_late_waits": 0}
+older = {k: v for k, v in stats.items() if k != "steady_room_ns"}
 text = paging_sweep.steady_table({"runs": [{**run, "psshim_stats": stats}, {"ratio": 1.5, "method": "fsdp-offload"},
-                                           {"ratio": 2, "method": "psshim-auto", "psshim_stats": {"steady_iterations": 0}}]})
-row = [line for line in text.splitlines() if "psshim-auto" in line]
-assert len(row) == 1 and row[0].split()[2:] == ["5", "1.600", "32.0", "2.0", "12.0", "30.00", "20.00", "13.50", "0"], text
+                                           {"ratio": 2, "method": "psshim-auto", "psshim_stats": {"steady_iterations": 0}},
+                                           {**run, "method": "psshim-auto-base", "psshim_stats": older}]})
+rows = [line.split()[2:] for line in text.splitlines() if "psshim-auto" in line]
+assert rows == [["5", "1.600", "32.0", "2.0", "7.0", "12.0", "30.00", "20.00", "13.50", "0"],
+                ["5", "1.600", "32.0", "2.0", "-", "12.0", "30.00", "20.00", "13.50", "0"]], text
 assert paging_sweep.steady_table({"runs": [{"ratio": 1.5, "method": "fsdp-offload"}]}) is None
 print("serial bound and steady iteration ok")
 
