@@ -412,12 +412,14 @@ if rewrite:
 if readers:
     print(f"  {name}: paged in {[x['shared_pageins'] for x in s]}, back onto the pieces unchanged "
           f"{[x['shared_clean_leaves'] for x in s]}")
-    # whether a touch finds a free GPU frame depends on when frames free (event timing)
-    if all(x["shared_pageins"] and x["shared_clean_leaves"] for x in s):
+    # whether a touch finds a free GPU frame depends on when frames free (event timing): in
+    # whole-suite runs on 2 cores one rank of a READERS run often paged none in ([6, 0],
+    # [0, 6]), the other all, so a rank that did is asked for
+    if any(x["shared_pageins"] and x["shared_clean_leaves"] for x in s):
         open(f"{tmp}/readers_went_back", "a").close()
 PY
   done
-  [ -e "$tmp/readers_went_back" ] || fail "in no READERS run did a read-only chunk go back onto its pieces"
+  [ -e "$tmp/readers_went_back" ] || fail "in no READERS run did a rank put a read-only chunk back onto its pieces"
   awk '{shared += $1; alone += $2} END {exit !(shared < alone)}' "$tmp/host_frames" ||
     fail "sharing held no fewer host frames in all than the runs alone: $(cat "$tmp/host_frames")"
 
