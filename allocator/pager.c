@@ -661,9 +661,11 @@ static uint32_t frame_by_age(struct device *d)
     for (uint32_t i = 0; i < d->pager.ndeferred && !leaving; i++)
       if (d->fr.frames[d->pager.deferred[i].frame].where == PSA_GPU)
         leaving = d->pager.deferred[i].copy;
-    if (leaving)
+    if (leaving) {
+      uint64_t start = psa_now_ns();
       mark_wait_unlocked(d, leaving); /* an error shows at the next poll, which waits it out */
-    else if (!host_frames_ample(d) || !page_out_oldest(d))
+      d->stats.room_wait_ns += psa_now_ns() - start;
+    } else if (!host_frames_ample(d) || !page_out_oldest(d))
       return PSA_NO_FRAME;
   }
 }

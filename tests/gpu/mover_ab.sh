@@ -30,7 +30,7 @@ keys = ("plan_ns", "move_ns", "remap_ns", "migrations_to_gpu", "migrations_to_ho
         "steady_remap_ns", "steady_bytes_h2d", "steady_bytes_d2h", "steady_late_waits", "steady_move_ns",
         "steady_scan_ns", "steady_frame_make_ns", "steady_plans", "steady_touches_host", "steady_runahead_wait_ns",
         "reclaims", "reclaim_chunks", "reclaim_ns", "steady_reclaims", "steady_reclaim_ns",
-        "movers", "margin_frames", "gpu_budget", "room_page_outs", "room_ns", "steady_room_ns")
+        "movers", "margin_frames", "gpu_budget", "room_page_outs", "room_ns", "steady_room_ns", "room_wait_ns", "steady_room_wait_ns")
 for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.psshim.json"))):
     s = json.load(open(f))
     print(os.path.basename(f), " ".join(f"{k}={s.get(k, '-')}" for k in keys))
