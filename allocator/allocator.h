@@ -153,8 +153,7 @@ void psa_usage_reset_high(int ordinal, bool reserved, bool used);
   X(runahead_timeouts, SUM) X(event_queries, SUM)                                             \
   X(late_waits, SUM) X(late_wait_ns, SUM) X(launch_ns, SUM) X(lock_wait_ns, SUM)             \
   X(relock_ns, SUM) X(copy_settle_ns, SUM) X(reclaims, SUM) X(reclaim_chunks, SUM)          \
-  X(reclaim_ns, SUM) X(room_page_outs, SUM) X(room_ns, SUM) X(room_wait_ns, SUM)             \
-  X(room_ahead_page_outs, SUM) X(movers, SUM)                                                 \
+  X(reclaim_ns, SUM) X(room_page_outs, SUM) X(room_ns, SUM) X(room_wait_ns, SUM) X(movers, SUM) \
   X(share_rounds, SUM) X(share_round_ns, SUM) X(shares, SUM) X(unshares, SUM)                 \
   X(shared_pageins, SUM) X(shared_clean_leaves, SUM) X(shared_gathers, SUM)                   \
   X(gathered_bytes, SUM) X(gather_ns, SUM) X(comm_init_ns, SUM) X(shared_chunks, SUM)         \

@@ -187,8 +187,6 @@ struct device {
     uint64_t margin;          /* most GPU frames spans allocated into within an iteration held */
     psp_phase_max young;      /* the frames they held, by phase of the iteration */
     uint64_t predicted_for;   /* the period the chunks' next_use were predicted with */
-    uint64_t room_ready;      /* GPU frames room page-outs freed that no allocation took yet */
-    uint64_t room_taken;      /* of those, how many allocations took since the mover's last turn */
     uint64_t next_plan, plan_gap; /* plans back off while they move nothing */
     uint64_t move_ns_mean;    /* a move's time (remap, queue the copy) on the thread that makes it */
     uint64_t period;          /* the trusted period as of the latest turn (0: none) */
@@ -328,9 +326,6 @@ bool psa_room_by_age(const struct device *d);
 /* A GPU frame made by paging out the live chunks on the GPU unused for longest, a batch at
  * a time, waiting for the copy out; PSA_NO_FRAME when none can move. Drops d->lock. */
 uint32_t psa_frame_by_age(struct device *d);
-/* An allocation took a GPU frame: one that room page-outs freed, most likely, while any is
- * left (what the mover makes again). */
-void psa_room_taken(struct device *d);
 /* Whether a move of the chunk may start now: mapped, its own, no launch in flight, every
  * launch that touched it passed, its last move's copy done, its span not being built. */
 bool psa_movable(struct device *d, uint64_t chunk);

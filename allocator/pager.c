@@ -619,19 +619,15 @@ bool psa_room_by_age(const struct device *d)
   return d->stats.touches_host * ROOM_CROWDED_SHARE > d->stats.touches_host + d->stats.touches_gpu;
 }
 
-static size_t room_batch(const struct device *d)
-{
-  size_t batch = ROOM_BATCH_BYTES / d->chunk_size;
-  if (batch > d->fr.gpu_limit / 16)
-    batch = d->fr.gpu_limit / 16;
-  return batch ? batch : 1;
-}
-
-/* Pages out up to `batch` of the live chunks on the GPU unused for longest; how many. */
-static uint32_t page_out_oldest(struct device *d, size_t batch)
+/* Pages out up to a batch of the live chunks on the GPU unused for longest; how many. */
+static uint32_t page_out_oldest(struct device *d)
 {
   psp_cand *oldest = d->pager.cands + d->nchunks;
-  size_t n = 0;
+  size_t n = 0, batch = ROOM_BATCH_BYTES / d->chunk_size;
+  if (batch > d->fr.gpu_limit / 16)
+    batch = d->fr.gpu_limit / 16;
+  if (!batch)
+    batch = 1;
   uint64_t now = d->pager.clock;
   for (uint64_t i = 0; i < d->space.chunks_high; i++) {
     struct chunk *c = &d->chunks[i];
@@ -649,37 +645,6 @@ static uint32_t page_out_oldest(struct device *d, size_t batch)
       moved++;
   if (!own)
     ps_own_work(false);
-  d->pager.room_ready += moved;
-  return moved;
-}
-
-void psa_room_taken(struct device *d)
-{
-  if (d->pager.room_ready) {
-    d->pager.room_ready--;
-    d->pager.room_taken++;
-  }
-}
-
-/* The mover's share of room by age: after its turn it keeps as many GPU frames free as
- * allocations took of those room page-outs freed since its last turn (a batch at most),
- * paging out the chunks unused for longest itself, so that the next allocations find a
- * frame without making room themselves (at 4x over budget on the 2.68B GPT the allocating
- * threads spent 117-144 ms of a 2.1 s steady iteration on such page-outs, ResNet-50 at
- * half its peak 65 ms of 0.29 s; bench/results/README.md). Only as many as were taken, so
- * that the mover makes no room that allocations do not ask for. */
-static void room_ahead(struct device *d)
-{
-  uint64_t want = d->pager.room_taken < room_batch(d) ? d->pager.room_taken : room_batch(d);
-  d->pager.room_taken = 0;
-  uint64_t free_now = d->fr.gpu_limit - d->fr.gpu_held;
-  if (want > free_now && psa_room_by_age(d))
-    d->stats.room_ahead_page_outs += page_out_oldest(d, want - free_now);
-}
-
-static uint32_t room_page_outs(struct device *d)
-{
-  uint32_t moved = page_out_oldest(d, room_batch(d));
   d->stats.room_page_outs += moved;
   return moved;
 }
@@ -700,7 +665,7 @@ static uint32_t frame_by_age(struct device *d)
       uint64_t start = psa_now_ns();
       mark_wait_unlocked(d, leaving); /* an error shows at the next poll, which waits it out */
       d->stats.room_wait_ns += psa_now_ns() - start;
-    } else if (!host_frames_ample(d) || !room_page_outs(d))
+    } else if (!host_frames_ample(d) || !page_out_oldest(d))
       return PSA_NO_FRAME;
   }
 }
@@ -1171,10 +1136,8 @@ static void *mover_main(void *arg)
     pthread_mutex_unlock(&d->mover.mutex);
     pthread_mutex_lock(&d->lock);
     d->stats.launch_ns = launch_ns;
-    if (!atomic_load(&paging_off)) {
+    if (!atomic_load(&paging_off))
       pager_turn(d, seq, period, position);
-      room_ahead(d);
-    }
     pthread_mutex_unlock(&d->lock);
     pthread_mutex_lock(&d->mover.mutex);
   }

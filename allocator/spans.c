@@ -329,13 +329,14 @@ static uint32_t frame_for_chunk(struct device *d)
 {
   static const enum psa_where order[] = {PSA_GPU, PSA_HOST};
   for (int k = 0; k < 2; k++) {
-    uint32_t f;
-    while ((f = psa_frame_take(d, order[k])) == PSA_NO_FRAME && reclaim_one(d, order[k]))
-      ;
-    if (f == PSA_NO_FRAME && order[k] == PSA_GPU && psa_room_by_age(d))
-      f = psa_frame_by_age(d);
-    if (f != PSA_NO_FRAME && order[k] == PSA_GPU)
-      psa_room_taken(d);
+    for (;;) {
+      uint32_t f = psa_frame_take(d, order[k]);
+      if (f != PSA_NO_FRAME)
+        return f;
+      if (!reclaim_one(d, order[k]))
+        break;
+    }
+    uint32_t f = order[k] == PSA_GPU && psa_room_by_age(d) ? psa_frame_by_age(d) : PSA_NO_FRAME;
     if (f != PSA_NO_FRAME)
       return f;
   }

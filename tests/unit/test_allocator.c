@@ -745,9 +745,8 @@ static void crowded(void *arg)
   struct psa_stats st;
   psa_stats_get(&st);
   fprintf(stderr, "crowded: period %llu, short-lived activations on the GPU %d of 80, moves %llu, movers %llu, "
-          "room page-outs %llu, the mover's %llu, mismatches %llu\n", (unsigned long long)ps_wiring_progress().period,
-          on_gpu, (unsigned long long)(st.migrations_to_gpu + st.migrations_to_host), (unsigned long long)st.movers,
-          (unsigned long long)st.room_page_outs, (unsigned long long)st.room_ahead_page_outs,
+          "mismatches %llu\n", (unsigned long long)ps_wiring_progress().period, on_gpu,
+          (unsigned long long)(st.migrations_to_gpu + st.migrations_to_host), (unsigned long long)st.movers,
           (unsigned long long)atomic_load(&mismatches));
   if (atomic_load(&mismatches))
     exit(145);
