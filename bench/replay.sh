@@ -47,7 +47,7 @@ for ratio in $ratios; do
 import json, sys
 s = json.load(open(sys.argv[1]))
 keys = ("period", "steady_iterations", "steady_touches_host", "steady_migrations_to_gpu", "steady_migrations_to_host",
-        "steady_reclaims", "room_page_outs", "margin_frames", "plans", "plans_no_fetch", "plans_no_victim", "plans_belady", "plans_no_gain", "plans_copy_bound", "late_waits", "runahead_timeouts")
+        "steady_reclaims", "movers", "room_page_outs", "room_ahead_page_outs", "room_ns", "steady_room_ns", "margin_frames", "plans", "plans_no_fetch", "plans_no_victim", "plans_belady", "plans_no_gain", "plans_copy_bound", "late_waits", "runahead_timeouts")
 print("  " + " ".join(f"{k}={s.get(k)}" for k in keys))
 PY
   "$build/tools/psshim-report" "$work/out.trace" | sed -n '/^PHASES/,/^MOVES/p' | grep -v '^MOVES'
