@@ -15,6 +15,8 @@
 # to keep the pay-off tests' ratio. REPLAY_LIB: the library (default build/libpsshim.so);
 # REPLAY_ENV: more settings for the replayed process (e.g. "PSSHIM_MOVER=1").
 # What it tells is counts (moves, touches of host frames, page-outs' fates), not time.
+# Another program's trace at the budget it ran with (ResNet-50 of the activation set at half
+# its 3.0 GiB peak): REPLAY_SCALE=1 REPLAY_CHUNK=4M REPLAY_PEAK=3212836864 bench/replay.sh TRACE 2
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 trace=${1:-$root/bench/results/mover_takeback_2026-12-03_697ca22/call2_takeback_aside_4x/t4/auto_4_256.trace.gz}
