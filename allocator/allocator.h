@@ -153,7 +153,8 @@ void psa_usage_reset_high(int ordinal, bool reserved, bool used);
   X(runahead_timeouts, SUM) X(event_queries, SUM)                                             \
   X(late_waits, SUM) X(late_wait_ns, SUM) X(launch_ns, SUM) X(lock_wait_ns, SUM)             \
   X(relock_ns, SUM) X(copy_settle_ns, SUM) X(reclaims, SUM) X(reclaim_chunks, SUM)          \
-  X(reclaim_ns, SUM) X(room_page_outs, SUM) X(room_ns, SUM) X(room_wait_ns, SUM) X(movers, SUM) \
+  X(reclaim_ns, SUM) X(room_page_outs, SUM) X(room_ns, SUM) X(room_wait_ns, SUM)             \
+  X(movers, SUM)                                                                              \
   X(share_rounds, SUM) X(share_round_ns, SUM) X(shares, SUM) X(unshares, SUM)                 \
   X(shared_pageins, SUM) X(shared_clean_leaves, SUM) X(shared_gathers, SUM)                   \
   X(gathered_bytes, SUM) X(gather_ns, SUM) X(comm_init_ns, SUM) X(shared_chunks, SUM)         \
@@ -188,7 +189,8 @@ struct psa_progress {
 #define PSA_STEADY_FIELDS(X)                                                                  \
   X(launch_ns) X(plan_ns) X(remap_ns) X(bytes_h2d) X(bytes_d2h) X(migrations_to_gpu)          \
   X(migrations_to_host) X(late_waits) X(late_wait_ns) X(touches_host) X(runahead_wait_ns)     \
-  X(move_ns) X(scan_ns) X(frame_make_ns) X(plans) X(reclaims) X(reclaim_ns) X(room_ns) X(room_wait_ns)
+  X(move_ns) X(scan_ns) X(frame_make_ns) X(plans) X(reclaims) X(reclaim_ns) X(room_ns)        \
+  X(room_wait_ns)
 void psa_stats_boundary(bool first, struct psa_stats *now);
 /* PSSHIM_STATS output: text (json=false) or one JSON object. */
 void psa_stats_write(FILE *f, bool json, const struct psa_progress *p);
