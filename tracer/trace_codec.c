@@ -1,6 +1,7 @@
 /* The trace file's byte layout: checksums, file and block headers, records. */
 #include "tracer/trace_codec.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -127,14 +128,77 @@ bool pst_decode_block_header(const uint8_t in[PST_BLOCK_HEADER_SIZE], uint32_t *
 
 /* ---- records ---- */
 
-/* Fixed payload bytes of each type; the variable tail is added by var_bytes. */
-static const uint32_t fixed_size[PST_REC_TYPE_COUNT] = {
-  [PST_REC_STRING] = 4,     [PST_REC_STACK] = 8,  [PST_REC_ALLOC] = 36,
-  [PST_REC_FREE] = 16,      [PST_REC_CHUNK] = 24, [PST_REC_LAUNCH] = 24,
-  [PST_REC_COPY] = 56,      [PST_REC_MIGRATION] = 32, [PST_REC_SYNC] = 16,
-  [PST_REC_SAMPLE] = 32,    [PST_REC_ITERATION] = 16, [PST_REC_NOTE] = 0,
-  [PST_REC_END] = 0,
+/* Each type's fixed fields in file order, as (where in struct pst_record, how many bytes):
+ * one list that the encoder and the decoder both walk. PAD is 4 zero bytes in the file. */
+struct field {
+  uint16_t at, size;
 };
+#define PAD UINT16_MAX
+#define F(member) {offsetof(struct pst_record, member), sizeof(((struct pst_record *)0)->member)}
+
+static const struct field string_fields[] = {F(string.id)};
+static const struct field stack_fields[] = {F(stack.id), F(stack.depth)};
+static const struct field alloc_fields[] = {F(alloc.addr),  F(alloc.size),  F(alloc.stream),
+                                            F(alloc.stack), F(alloc.chunk), F(alloc.placement)};
+static const struct field free_fields[] = {F(free.addr), F(free.stream)};
+static const struct field chunk_fields[] = {F(chunk.id), F(chunk.event), F(chunk.base), F(chunk.size)};
+static const struct field launch_fields[] = {F(launch.stream), F(launch.seq), F(launch.function), F(launch.n)};
+static const struct field copy_fields[] = {F(copy.kind),   {PAD, 4},          F(copy.bytes),   F(copy.src),
+                                           F(copy.dst),    F(copy.stream),    F(copy.start_ns), F(copy.end_ns)};
+static const struct field migration_fields[] = {F(migration.chunk), F(migration.direction), F(migration.reason),
+                                                F(migration.bytes), F(migration.start_ns),  F(migration.end_ns)};
+static const struct field sync_fields[] = {F(sync.what), {PAD, 4}, F(sync.stream)};
+static const struct field sample_fields[] = {F(sample.gpu_chunk_bytes), F(sample.host_chunk_bytes),
+                                             F(sample.nonmodel_gpu_bytes), F(sample.device_free_bytes)};
+static const struct field iteration_fields[] = {F(iteration.iteration), F(iteration.period)};
+/* The pager's totals, appended to version 1's ITERATION record: its variable tail. */
+static const struct field pager_fields[] = {F(iteration.pager_ns), F(iteration.turns_ns), F(iteration.late_waits),
+                                            F(iteration.late_wait_ns)};
+#define PAGER_BYTES 32u
+
+#define FIELDS(list) {list, sizeof list / sizeof list[0]}
+static const struct {
+  const struct field *f;
+  size_t n;
+} fixed_fields[PST_REC_TYPE_COUNT] = {
+    [PST_REC_STRING] = FIELDS(string_fields),   [PST_REC_STACK] = FIELDS(stack_fields),
+    [PST_REC_ALLOC] = FIELDS(alloc_fields),     [PST_REC_FREE] = FIELDS(free_fields),
+    [PST_REC_CHUNK] = FIELDS(chunk_fields),     [PST_REC_LAUNCH] = FIELDS(launch_fields),
+    [PST_REC_COPY] = FIELDS(copy_fields),       [PST_REC_MIGRATION] = FIELDS(migration_fields),
+    [PST_REC_SYNC] = FIELDS(sync_fields),       [PST_REC_SAMPLE] = FIELDS(sample_fields),
+    [PST_REC_ITERATION] = FIELDS(iteration_fields), /* NOTE and END: none */
+};
+
+static size_t fields_bytes(const struct field *f, size_t n) {
+  size_t bytes = 0;
+  for (size_t i = 0; i < n; i++) bytes += f[i].size;
+  return bytes;
+}
+
+/* Fixed payload bytes of a type; the variable tail is added by var_bytes. */
+static size_t fixed_size(unsigned type) {
+  return fields_bytes(fixed_fields[type].f, fixed_fields[type].n);
+}
+
+static uint8_t *put_fields(uint8_t *p, const struct pst_record *r, const struct field *f, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    if (f[i].at == PAD)
+      memset(p, 0, f[i].size);
+    else
+      memcpy(p, (const uint8_t *)r + f[i].at, f[i].size);
+    p += f[i].size;
+  }
+  return p;
+}
+
+static const uint8_t *get_fields(const uint8_t *p, struct pst_record *r, const struct field *f, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    if (f[i].at != PAD)
+      memcpy((uint8_t *)r + f[i].at, p, f[i].size);
+    p += f[i].size;
+  }
+  return p;
+}
 
 static size_t var_bytes(const struct pst_record *r) {
   switch (r->type) {
@@ -142,106 +206,48 @@ static size_t var_bytes(const struct pst_record *r) {
   case PST_REC_STACK: return (size_t)r->stack.depth * 16;
   case PST_REC_LAUNCH: return (size_t)r->launch.n * 8;
   case PST_REC_NOTE: return r->note.len;
-  case PST_REC_ITERATION: return 32; /* the pager's totals, appended to version 1's record */
+  case PST_REC_ITERATION: return PAGER_BYTES;
   default: return 0;
   }
 }
 
 size_t pst_record_size(const struct pst_record *r) {
-  return PST_RECORD_HEADER_SIZE + fixed_size[r->type] + var_bytes(r);
+  return PST_RECORD_HEADER_SIZE + fixed_size(r->type) + var_bytes(r);
 }
 
 size_t pst_encode_record(const struct pst_record *r, uint8_t *out) {
   uint8_t *p = out;
-  const uint32_t payload = (uint32_t)(fixed_size[r->type] + var_bytes(r));
+  const uint32_t payload = (uint32_t)(fixed_size(r->type) + var_bytes(r));
   PUT(p, r->type);
   PUT(p, r->flags);
   PUT(p, payload);
   PUT(p, r->ts_ns);
   PUT(p, r->tid);
-  switch (r->type) {
+  p = put_fields(p, r, fixed_fields[r->type].f, fixed_fields[r->type].n);
+  switch (r->type) { /* the variable tails */
   case PST_REC_STRING:
-    PUT(p, r->string.id);
     memcpy(p, r->string.text, r->string.len);
     p += r->string.len;
     break;
   case PST_REC_STACK:
-    PUT(p, r->stack.id);
-    PUT(p, r->stack.depth);
     for (uint32_t i = 0; i < r->stack.depth; i++) {
       PUT(p, r->stack.frames[i].pc);
       PUT(p, r->stack.frames[i].symbol);
       PUT(p, r->stack.frames[i].offset);
     }
     break;
-  case PST_REC_ALLOC:
-    PUT(p, r->alloc.addr);
-    PUT(p, r->alloc.size);
-    PUT(p, r->alloc.stream);
-    PUT(p, r->alloc.stack);
-    PUT(p, r->alloc.chunk);
-    PUT(p, r->alloc.placement);
-    break;
-  case PST_REC_FREE:
-    PUT(p, r->free.addr);
-    PUT(p, r->free.stream);
-    break;
-  case PST_REC_CHUNK:
-    PUT(p, r->chunk.id);
-    PUT(p, r->chunk.event);
-    PUT(p, r->chunk.base);
-    PUT(p, r->chunk.size);
-    break;
   case PST_REC_LAUNCH:
-    PUT(p, r->launch.stream);
-    PUT(p, r->launch.seq);
-    PUT(p, r->launch.function);
-    PUT(p, r->launch.n);
     memcpy(p, r->launch.ptrs, (size_t)r->launch.n * 8);
     p += (size_t)r->launch.n * 8;
     break;
-  case PST_REC_COPY:
-    PUT(p, r->copy.kind);
-    PUT(p, (uint32_t)0);
-    PUT(p, r->copy.bytes);
-    PUT(p, r->copy.src);
-    PUT(p, r->copy.dst);
-    PUT(p, r->copy.stream);
-    PUT(p, r->copy.start_ns);
-    PUT(p, r->copy.end_ns);
-    break;
-  case PST_REC_MIGRATION:
-    PUT(p, r->migration.chunk);
-    PUT(p, r->migration.direction);
-    PUT(p, r->migration.reason);
-    PUT(p, r->migration.bytes);
-    PUT(p, r->migration.start_ns);
-    PUT(p, r->migration.end_ns);
-    break;
-  case PST_REC_SYNC:
-    PUT(p, r->sync.what);
-    PUT(p, (uint32_t)0);
-    PUT(p, r->sync.stream);
-    break;
-  case PST_REC_SAMPLE:
-    PUT(p, r->sample.gpu_chunk_bytes);
-    PUT(p, r->sample.host_chunk_bytes);
-    PUT(p, r->sample.nonmodel_gpu_bytes);
-    PUT(p, r->sample.device_free_bytes);
-    break;
   case PST_REC_ITERATION:
-    PUT(p, r->iteration.iteration);
-    PUT(p, r->iteration.period);
-    PUT(p, r->iteration.pager_ns);
-    PUT(p, r->iteration.turns_ns);
-    PUT(p, r->iteration.late_waits);
-    PUT(p, r->iteration.late_wait_ns);
+    p = put_fields(p, r, pager_fields, sizeof pager_fields / sizeof pager_fields[0]);
     break;
   case PST_REC_NOTE:
     memcpy(p, r->note.text, r->note.len);
     p += r->note.len;
     break;
-  default: /* END: no payload */
+  default:
     break;
   }
   return (size_t)(p - out);
@@ -262,7 +268,7 @@ static bool grow(void **arr, size_t *cap, size_t n, size_t item) {
 enum pst_decode_result pst_decode_record(const uint8_t *in, size_t avail, struct pst_record *r,
                                          size_t *used, struct pst_decode_scratch *s) {
   const uint8_t *p = in;
-  uint32_t len, pad;
+  uint32_t len;
   if (avail < PST_RECORD_HEADER_SIZE) return PST_DECODE_BAD;
   memset(r, 0, sizeof *r);
   GET(p, r->type);
@@ -273,17 +279,15 @@ enum pst_decode_result pst_decode_record(const uint8_t *in, size_t avail, struct
   if (len > avail - PST_RECORD_HEADER_SIZE) return PST_DECODE_BAD;
   *used = PST_RECORD_HEADER_SIZE + (size_t)len;
   if (r->type == 0 || r->type >= PST_REC_TYPE_COUNT) return PST_DECODE_UNKNOWN;
-  if (len < fixed_size[r->type]) return PST_DECODE_BAD;
-  const size_t tail = len - fixed_size[r->type]; /* bytes after the fixed fields */
-  switch (r->type) {
+  if (len < fixed_size(r->type)) return PST_DECODE_BAD;
+  const size_t tail = len - fixed_size(r->type); /* bytes after the fixed fields */
+  p = get_fields(p, r, fixed_fields[r->type].f, fixed_fields[r->type].n);
+  switch (r->type) { /* the variable tails */
   case PST_REC_STRING:
-    GET(p, r->string.id);
     r->string.len = (uint32_t)tail;
     r->string.text = (const char *)p;
     break;
   case PST_REC_STACK:
-    GET(p, r->stack.id);
-    GET(p, r->stack.depth);
     if (r->stack.depth > tail / 16) return PST_DECODE_BAD;
     if (!grow((void **)&s->frames, &s->frames_cap, r->stack.depth, sizeof *s->frames))
       return PST_DECODE_BAD;
@@ -294,80 +298,23 @@ enum pst_decode_result pst_decode_record(const uint8_t *in, size_t avail, struct
     }
     r->stack.frames = s->frames;
     break;
-  case PST_REC_ALLOC:
-    GET(p, r->alloc.addr);
-    GET(p, r->alloc.size);
-    GET(p, r->alloc.stream);
-    GET(p, r->alloc.stack);
-    GET(p, r->alloc.chunk);
-    GET(p, r->alloc.placement);
-    break;
-  case PST_REC_FREE:
-    GET(p, r->free.addr);
-    GET(p, r->free.stream);
-    break;
-  case PST_REC_CHUNK:
-    GET(p, r->chunk.id);
-    GET(p, r->chunk.event);
-    GET(p, r->chunk.base);
-    GET(p, r->chunk.size);
-    break;
   case PST_REC_LAUNCH:
-    GET(p, r->launch.stream);
-    GET(p, r->launch.seq);
-    GET(p, r->launch.function);
-    GET(p, r->launch.n);
     if (r->launch.n > tail / 8) return PST_DECODE_BAD;
     if (!grow((void **)&s->ptrs, &s->ptrs_cap, r->launch.n, sizeof *s->ptrs))
       return PST_DECODE_BAD;
     memcpy(s->ptrs, p, (size_t)r->launch.n * 8);
     r->launch.ptrs = s->ptrs;
     break;
-  case PST_REC_COPY:
-    GET(p, r->copy.kind);
-    GET(p, pad);
-    GET(p, r->copy.bytes);
-    GET(p, r->copy.src);
-    GET(p, r->copy.dst);
-    GET(p, r->copy.stream);
-    GET(p, r->copy.start_ns);
-    GET(p, r->copy.end_ns);
-    break;
-  case PST_REC_MIGRATION:
-    GET(p, r->migration.chunk);
-    GET(p, r->migration.direction);
-    GET(p, r->migration.reason);
-    GET(p, r->migration.bytes);
-    GET(p, r->migration.start_ns);
-    GET(p, r->migration.end_ns);
-    break;
-  case PST_REC_SYNC:
-    GET(p, r->sync.what);
-    GET(p, pad);
-    GET(p, r->sync.stream);
-    break;
-  case PST_REC_SAMPLE:
-    GET(p, r->sample.gpu_chunk_bytes);
-    GET(p, r->sample.host_chunk_bytes);
-    GET(p, r->sample.nonmodel_gpu_bytes);
-    GET(p, r->sample.device_free_bytes);
-    break;
   case PST_REC_ITERATION:
-    GET(p, r->iteration.iteration);
-    GET(p, r->iteration.period);
-    r->iteration.has_pager = tail >= 32;
-    if (r->iteration.has_pager) {
-      GET(p, r->iteration.pager_ns);
-      GET(p, r->iteration.turns_ns);
-      GET(p, r->iteration.late_waits);
-      GET(p, r->iteration.late_wait_ns);
-    }
+    r->iteration.has_pager = tail >= PAGER_BYTES;
+    if (r->iteration.has_pager)
+      get_fields(p, r, pager_fields, sizeof pager_fields / sizeof pager_fields[0]);
     break;
   case PST_REC_NOTE:
     r->note.len = (uint32_t)tail;
     r->note.text = (const char *)p;
     break;
-  default: /* END */
+  default:
     break;
   }
   return PST_DECODE_OK;
