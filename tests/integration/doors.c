@@ -1,14 +1,18 @@
 /* psshim's doors under LD_PRELOAD on the fake driver: dlsym of exact names only,
  * cuGetProcAddress honouring version and flags, foreign pointers passed through,
- * cudaMemGetInfo answering for psshim's budgets, a forked child passing through.
+ * cudaMemGetInfo answering for psshim's budgets, a forked child passing through, also when
+ * another thread was inside psshim at the fork.
  * Each check prints its name; any failure exits non-zero naming it. */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +21,52 @@
 typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
 typedef CUresult (*alloc_async_fn)(CUdeviceptr *, size_t, CUstream);
 typedef CUresult (*proc_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+
+/* A thread allocating and freeing without pause: it holds a device's lock much of the time. */
+static atomic_bool hammer_stop;
+
+static void *hammer(void *arg)
+{
+  (void)arg;
+  while (!atomic_load(&hammer_stop)) {
+    void *p = NULL;
+    if (cudaMallocAsync(&p, 4096, 0) == cudaSuccess)
+      cudaFreeAsync(p, 0);
+  }
+  return NULL;
+}
+
+/* Forks while the hammer runs; each child reads psshim's statistics, which takes every
+ * device's lock, and must return within a second. Returns the first fork whose child did
+ * not (or that failed, or 0 when the hammer cannot start), or -1. */
+static int forks_beside_hammer(int forks)
+{
+  size_t (*stats_json)(char *, size_t) = (size_t(*)(char *, size_t))dlsym(RTLD_DEFAULT, "psshim_stats_json");
+  pthread_t t;
+  if (!stats_json || pthread_create(&t, NULL, hammer, NULL))
+    return 0;
+  int stuck = -1;
+  for (int i = 0; i < forks && stuck < 0; i++) {
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) {
+      stuck = i;
+      break;
+    }
+    if (pid == 0) {
+      alarm(1); /* a lock inherited held never comes free: SIGALRM ends the child */
+      char buf[64];
+      _exit(stats_json(buf, sizeof buf) ? 0 : 1);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+      stuck = i;
+  }
+  atomic_store(&hammer_stop, true);
+  pthread_join(t, NULL);
+  return stuck;
+}
 
 int main(void)
 {
@@ -105,5 +155,6 @@ int main(void)
   CHECK("a forked child passes through", WIFEXITED(status) && WEXITSTATUS(status) == 0);
   void *after = NULL;
   CHECK("the parent still allocates after fork", cudaMalloc(&after, 4096) == cudaSuccess && owns(after));
+  CHECK("forks beside a thread inside psshim: no child inherits a held lock", forks_beside_hammer(200) < 0);
   return failures ? 1 : 0;
 }
