@@ -154,9 +154,9 @@ static const struct field iteration_fields[] = {F(iteration.iteration), F(iterat
 /* The pager's totals, appended to version 1's ITERATION record: its variable tail. */
 static const struct field pager_fields[] = {F(iteration.pager_ns), F(iteration.turns_ns), F(iteration.late_waits),
                                             F(iteration.late_wait_ns)};
-#define PAGER_BYTES 32u
 
-#define FIELDS(list) {list, sizeof list / sizeof list[0]}
+#define NFIELDS(list) (sizeof list / sizeof list[0])
+#define FIELDS(list) {list, NFIELDS(list)}
 static const struct {
   const struct field *f;
   size_t n;
@@ -206,7 +206,7 @@ static size_t var_bytes(const struct pst_record *r) {
   case PST_REC_STACK: return (size_t)r->stack.depth * 16;
   case PST_REC_LAUNCH: return (size_t)r->launch.n * 8;
   case PST_REC_NOTE: return r->note.len;
-  case PST_REC_ITERATION: return PAGER_BYTES;
+  case PST_REC_ITERATION: return fields_bytes(pager_fields, NFIELDS(pager_fields));
   default: return 0;
   }
 }
@@ -241,7 +241,7 @@ size_t pst_encode_record(const struct pst_record *r, uint8_t *out) {
     p += (size_t)r->launch.n * 8;
     break;
   case PST_REC_ITERATION:
-    p = put_fields(p, r, pager_fields, sizeof pager_fields / sizeof pager_fields[0]);
+    p = put_fields(p, r, pager_fields, NFIELDS(pager_fields));
     break;
   case PST_REC_NOTE:
     memcpy(p, r->note.text, r->note.len);
@@ -279,8 +279,9 @@ enum pst_decode_result pst_decode_record(const uint8_t *in, size_t avail, struct
   if (len > avail - PST_RECORD_HEADER_SIZE) return PST_DECODE_BAD;
   *used = PST_RECORD_HEADER_SIZE + (size_t)len;
   if (r->type == 0 || r->type >= PST_REC_TYPE_COUNT) return PST_DECODE_UNKNOWN;
-  if (len < fixed_size(r->type)) return PST_DECODE_BAD;
-  const size_t tail = len - fixed_size(r->type); /* bytes after the fixed fields */
+  const size_t fixed = fixed_size(r->type);
+  if (len < fixed) return PST_DECODE_BAD;
+  const size_t tail = len - fixed; /* bytes after the fixed fields */
   p = get_fields(p, r, fixed_fields[r->type].f, fixed_fields[r->type].n);
   switch (r->type) { /* the variable tails */
   case PST_REC_STRING:
@@ -306,9 +307,9 @@ enum pst_decode_result pst_decode_record(const uint8_t *in, size_t avail, struct
     r->launch.ptrs = s->ptrs;
     break;
   case PST_REC_ITERATION:
-    r->iteration.has_pager = tail >= PAGER_BYTES;
+    r->iteration.has_pager = tail >= fields_bytes(pager_fields, NFIELDS(pager_fields));
     if (r->iteration.has_pager)
-      get_fields(p, r, pager_fields, sizeof pager_fields / sizeof pager_fields[0]);
+      get_fields(p, r, pager_fields, NFIELDS(pager_fields));
     break;
   case PST_REC_NOTE:
     r->note.len = (uint32_t)tail;
