@@ -359,7 +359,7 @@ static void test_random_programs_with_pager(void **state)
   }
   /* Chunks moved both ways. Fetches are counted over the runs, not in each: a chunk that
    * launches still queue is not fetched, so how many are depends on how far the driver lags
-   * the launching thread, which the delays and valgrind change (3 to 30 a run seen under
+   * the launching thread, which the delays and valgrind change (2 to 45 a run seen under
    * valgrind; none in a run is possible). */
   moves_seen_unmap();
   assert_true(fetched > 0);
@@ -451,7 +451,6 @@ static void *trainer_main(void *arg)
   return NULL;
 }
 
-
 struct loop_run {
   unsigned seed;
   bool unseen;
@@ -532,8 +531,8 @@ static void test_training_loop_with_pager(void **state)
 /* A copy psshim cannot parse (an array copy) may touch any chunk: paging stops at once,
  * for good, and the loop's data stays intact. The copy comes just after the first move,
  * while the pager is still busy: seed 5 goes on to move 12-16 chunks when paging is not
- * stopped, and nothing once it is (a fixed iteration came after the moves had settled,
- * and missed a pager that never stopped in most runs). */
+ * stopped, and nothing once it is (by a fixed later iteration the moves have settled, and
+ * a pager that never stopped would mostly go unseen). */
 static void test_unseen_copy_stops_paging(void **state)
 {
   (void)state;
