@@ -1,7 +1,7 @@
 """What each compatibility program reports: one line, COMPAT {json}, last.
 
-losses: one number per step (float, exact repr so runs compare bitwise); step_ms: the
-median step time after the first (warm-up) steps; peak_reserved: torch's
+losses: one number per step (float, exact repr so runs compare bitwise); times: each
+step's seconds; step_ms: the median step time after the first (warm-up) steps; peak_reserved: torch's
 max_memory_reserved, the peak the budget is set from."""
 import json
 import statistics
@@ -50,7 +50,7 @@ def train(forward, opt, shape, n, steps):
 
 def report(steps, **extra):
     warm = steps.times[len(steps.times) // 4:] or steps.times
-    out = {"losses": [repr(x) for x in steps.losses],
+    out = {"losses": [repr(x) for x in steps.losses], "times": steps.times,
            "step_ms": 1e3 * statistics.median(warm) if warm else 0.0,
            "peak_reserved": torch.cuda.max_memory_reserved()}
     out.update(extra)
