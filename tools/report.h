@@ -177,7 +177,8 @@ bool rp_least_bound(const struct rp_accesses *a, const uint64_t *budgets, size_t
                     uint64_t *read_all);
 /* A PLAN section: policy/'s steady plan for the accesses' window at the run's budget
  * and chunk size, beside the least traffic and what the run paged then. */
-bool rp_plan(const struct rp_trace *t, const struct rp_accesses *a, FILE *out);
+#define RP_DEFAULT_LAG 256 /* PSSHIM_RUNAHEAD's default: the host runs that many launches ahead */
+bool rp_plan(const struct rp_trace *t, const struct rp_accesses *a, uint32_t lag, FILE *out);
 /* The same as a LEAST TRAFFIC section; t gives what was paged in then. */
 bool rp_least_traffic(const struct rp_trace *t, const struct rp_accesses *a, const uint64_t *budgets, size_t n,
                       FILE *out);

@@ -38,6 +38,9 @@ static void usage(FILE *f) {
           "  --least=LIST           the LEAST TRAFFIC bound at each GPU budget in LIST (default:\n"
           "                         the run's): the bytes any placement must bring onto the GPU\n"
           "                         in the steady iteration, whatever pages or is read in place\n"
+          "  --lag N                the launches a chunk stays busy after a use in PLAN (default:\n"
+          "                         256, PSSHIM_RUNAHEAD's default): what the plan could do were\n"
+          "                         the host held closer to the GPU\n"
           "  --help, --version\n"
           "\n"
           "Sizes take K, M, G, T (binary) suffixes. Exit status: 0 ok; 1 bad usage; 2 the file\n"
@@ -59,12 +62,13 @@ int main(int argc, char **argv) {
   static const struct option opts[] = {
     { "perfetto", required_argument, NULL, 'p' }, { "html", required_argument, NULL, 'w' },
     { "chunk-size", optional_argument, NULL, 'c' }, { "budget", required_argument, NULL, 'b' },
-    { "least", required_argument, NULL, 'l' },
+    { "least", required_argument, NULL, 'l' },    { "lag", required_argument, NULL, 'g' },
     { "help", no_argument, NULL, 'h' },           { "version", no_argument, NULL, 'V' },
     { NULL, 0, NULL, 0 },
   };
   const char *perfetto = NULL, *html = NULL, *sizes_arg = NULL, *least_arg = NULL;
   uint64_t budget = 0;
+  uint32_t lag = RP_DEFAULT_LAG;
   int c;
   while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
     switch (c) {
@@ -78,6 +82,16 @@ int main(int argc, char **argv) {
         return EXIT_USAGE;
       }
       break;
+    case 'g': {
+      char *end;
+      unsigned long v = strtoul(optarg, &end, 10);
+      if (!*optarg || *end || *optarg == '-' || v > UINT32_MAX) {
+        fprintf(stderr, "psshim-report: --lag takes a count of launches like 32, not '%s'\n", optarg);
+        return EXIT_USAGE;
+      }
+      lag = (uint32_t)v;
+      break;
+    }
     case 'h': usage(stdout); return EXIT_OK;
     case 'V': printf("psshim-report %s (reads trace format version %u)\n", PSSHIM_VERSION, PST_TRACE_VERSION); return EXIT_OK;
     default: usage(stderr); return EXIT_USAGE;
@@ -129,7 +143,7 @@ int main(int argc, char **argv) {
   ok = ok && rp_accesses_gather(&t, &acc);
   if (ok) ok = least ? rp_least_traffic(&t, &acc, least, nleast, stdout)
                     : rp_least_traffic(&t, &acc, &t.hdr.gpu_budget, t.hdr.gpu_budget != 0, stdout);
-  if (ok) ok = rp_plan(&t, &acc, stdout);
+  if (ok) ok = rp_plan(&t, &acc, lag, stdout);
   if (ok && sizes) ok = rp_chunk_advice(&acc, sizes, nsizes, budget, stdout);
   if (ok && perfetto) ok = rp_perfetto(&t, perfetto);
   if (ok && html) ok = rp_html(&t, &cs, &acc, html);

@@ -9,9 +9,6 @@
  * kernel reading pinned host memory in place. */
 static const double H2D = 55.4e9, D2H = 55.3e9, BOTH = 96.4e9, IN_PLACE = 51e9;
 enum { DEFAULT_NS = 10000 }; /* a moment's duration when the trace has no launch times */
-/* The lag the plan assumes: a chunk moves only once the launches that used it have run,
- * and the host runs up to PSSHIM_RUNAHEAD (default 256) launches ahead of the GPU. */
-enum { LAG = 256 };
 
 /* Each moment's duration: the time from its launch to the next one's (to the window's
  * end for the last). NULL when the launches do not match the moments, or out of memory. */
@@ -34,7 +31,9 @@ static uint64_t *launch_gaps(const struct rp_trace *t, const struct rp_accesses 
   return ns;
 }
 
-bool rp_plan(const struct rp_trace *t, const struct rp_accesses *a, FILE *out) {
+/* lag: a chunk moves only once the launches that used it have run, and the host runs up
+ * to that many launches ahead of the GPU. */
+bool rp_plan(const struct rp_trace *t, const struct rp_accesses *a, uint32_t lag, FILE *out) {
   const uint64_t budget = t->hdr.gpu_budget, chunk = t->hdr.chunk_size;
   fprintf(out, "\nPLAN (policy/'s steady plan for the same iteration at the run's budget; MB = 10^6 bytes)\n");
   if (!a->matched || !budget || !chunk || !a->periodic) {
@@ -48,7 +47,7 @@ bool rp_plan(const struct rp_trace *t, const struct rp_accesses *a, FILE *out) {
   psp_schedule *s = rp_schedule(a, chunk, &chunks, &footprint);
   uint64_t *gaps = s ? launch_gaps(t, a) : NULL;
   const psp_costs costs = { .h2d = H2D, .d2h = D2H, .both = BOTH, .in_place = IN_PLACE, .moment_ns = gaps,
-                            .default_ns = DEFAULT_NS, .lag = LAG };
+                            .default_ns = DEFAULT_NS, .lag = lag };
   psp_plan pl;
   bool ok = s && psp_plan_make(s, budget, &costs, &pl) == 0;
   if (ok && !rp_least_bound(a, &budget, 1, &least, &read_all)) {
@@ -77,8 +76,9 @@ bool rp_plan(const struct rp_trace *t, const struct rp_accesses *a, FILE *out) {
           (double)paged[PST_DIR_D2H] / 1e6);
   fprintf(out, "  step     %.4f s predicted: the moments %.4f s, %u of them waiting %.4f s for fetches\n",
           (double)pl.step_ns / 1e9, (double)pl.work_ns / 1e9, pl.waits, (double)pl.wait_ns / 1e9);
-  fprintf(out, "  (copies at %.1f GB/s in, %.1f out, %.1f both, in place %.1f; a chunk movable %d moments after a use,\n"
-               "   PSSHIM_RUNAHEAD's default; moment durations %s)\n", H2D / 1e9, D2H / 1e9, BOTH / 1e9, IN_PLACE / 1e9, LAG,
+  fprintf(out, "  (copies at %.1f GB/s in, %.1f out, %.1f both, in place %.1f; a chunk movable %u moments after a use%s;\n"
+               "   moment durations %s)\n", H2D / 1e9, D2H / 1e9, BOTH / 1e9, IN_PLACE / 1e9, lag,
+          lag == RP_DEFAULT_LAG ? ", PSSHIM_RUNAHEAD's default" : " (--lag)",
           costs.moment_ns ? "from the gaps between the trace's launches: host time, the run's own paging waits included"
                           : "unknown: 10 us each");
   psp_plan_free(&pl);

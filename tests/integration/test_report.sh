@@ -84,6 +84,14 @@ check "least traffic: what the run paged in then ($paged MB)" grep -q "^  this r
 check "least traffic: the window" grep -q '^  iteration 4 (the last complete one of the steady period): 120 launches read 1426\.1 MB' "$dir/out.txt"
 "$report" "$dir/run.trace" --least=lots > /dev/null 2>&1
 check "bad --least exits 1" test $? -eq 1
+# At the default lag (256 launches, beyond the 120-launch iteration) nothing in it can move;
+# with chunks movable right after a use, the plan reads nothing in place.
+check "plan: nothing moves at the default lag" grep -Eq '^  plan .* 0 moves; [1-9][0-9]* moments read' "$dir/out.txt"
+"$report" "$dir/run.trace" --lag 1 > "$dir/lag1.txt"
+check "plan --lag 1: no read in place" grep -Eq '^  plan .* [1-9][0-9]* moves; 0 moments read 0\.0 MB in place$' "$dir/lag1.txt"
+check "plan --lag 1: the lag named" grep -q 'a chunk movable 1 moments after a use (--lag);' "$dir/lag1.txt"
+"$report" "$dir/run.trace" --lag=-3 > /dev/null 2>&1
+check "bad --lag exits 1" test $? -eq 1
 check "allocation site symbolized" grep -q 'synth_alloc_params+0x' "$dir/out.txt"
 check "chunk table" grep -Eq '^ +23 +64\.0 ' "$dir/out.txt"
 check "chunk-size ranking" grep -Eq '^  least moved: PSSHIM_CHUNK_SIZE=[0-9]+[KMG]? ' "$dir/out.txt"
