@@ -197,8 +197,10 @@ static void make_plan(struct device *d, struct plan_exec *st)
     for (uint64_t i = 0; i < d->space.chunks_high; i++)
       if (on_gpu(d, i) && (i >= n || !psp_schedule_chunk_bytes(st->sched, (uint32_t)i)) && frames)
         frames--;
+    /* A chunk is quiescent only once the launches that used it have run, and the host may
+     * be PSSHIM_RUNAHEAD launches ahead: a plan that moves sooner finds its moves refused. */
     psp_costs costs = {.h2d = H2D, .d2h = D2H, .both = BOTH, .in_place = (double)ps_options.inplace_rate,
-                       .moment_ns = ns, .default_ns = DEFAULT_MOMENT_NS};
+                       .moment_ns = ns, .default_ns = DEFAULT_MOMENT_NS, .lag = ps_options.runahead};
     ok = psp_plan_make(st->sched, frames * d->chunk_size, &costs, &st->plan) == 0 && keep_fixes(d, st);
     size_t cap = 2 * (st->plan.n_moves + st->nfix) + 16; /* a move stays queued less than a lap */
     ok = ok && (st->queue = malloc(cap * sizeof *st->queue));
