@@ -138,7 +138,6 @@ struct rp_accesses {
   uint32_t *touch;  /* allocations touched, moment after moment */
   size_t ntouch;
   size_t *first;    /* moment m (a launch of the window) touches touch[first[m] .. first[m + 1]) */
-  uint64_t *nonmodel;
   size_t nmoments;
   uint64_t launches, pointers, matched;
   uint64_t from, to; /* the window: [from, to) in trace time */

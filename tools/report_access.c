@@ -42,7 +42,6 @@ void rp_accesses_free(struct rp_accesses *a) {
   free(a->ops);
   free(a->touch);
   free(a->first);
-  free(a->nonmodel);
   memset(a, 0, sizeof *a);
 }
 
@@ -67,15 +66,12 @@ static bool pick_window(const struct rp_trace *t, uint64_t *from, uint64_t *to, 
 }
 
 bool rp_accesses_gather(const struct rp_trace *t, struct rp_accesses *a) {
-  size_t cap_alloc = 0, cap_ops = 0, cap_touch = 0, cap_first = 0, nfirst = 0,
-         cap_nm = 0, nlive = 0, cap_live = 0;
+  size_t cap_alloc = 0, cap_ops = 0, cap_touch = 0, cap_first = 0, nfirst = 0, nlive = 0, cap_live = 0;
   struct live *live = NULL;
-  uint64_t nonmodel = 0;
   memset(a, 0, sizeof *a);
   a->periodic = pick_window(t, &a->from, &a->to, a->window, sizeof a->window);
   for (size_t i = 0; i < t->nev; i++) {
     const struct pst_record *r = &t->ev[i];
-    if (r->type == PST_REC_SAMPLE) nonmodel = r->sample.nonmodel_gpu_bytes;
     if (r->type == PST_REC_ALLOC && r->alloc.size) {
       const uint32_t id = (uint32_t)a->nallocs;
       PUSH(a->alloc, a->nallocs, cap_alloc, ((struct rp_access_alloc){ r->alloc.size, INT64_MAX }));
@@ -98,7 +94,7 @@ bool rp_accesses_gather(const struct rp_trace *t, struct rp_accesses *a) {
     } else if (r->type == PST_REC_LAUNCH && r->ts_ns < a->to) {
       a->launches++;
       PUSH(a->first, nfirst, cap_first, a->ntouch);
-      PUSH(a->nonmodel, a->nmoments, cap_nm, nonmodel);
+      a->nmoments++;
       for (uint32_t k = 0; k < r->launch.n; k++) {
         const int64_t alloc = live_holder(live, nlive, r->launch.ptrs[k]);
         a->pointers++;

@@ -229,7 +229,7 @@ psp_schedule *rp_schedule(const struct rp_accesses *a, uint64_t chunk_size, size
   int rc = s ? 0 : -1;
   for (size_t c = 0; c < p.n && rc == 0; c++) rc = psp_schedule_chunk(s, (uint32_t)c, p.c[c].size);
   for (size_t m = 0; m < a->nmoments && rc == 0; m++) {
-    rc = psp_schedule_moment(s, a->nonmodel[m]);
+    rc = psp_schedule_moment(s, 0); /* the budget is chunk frames': nothing else takes from it */
     for (size_t k = a->first[m]; k < a->first[m + 1] && rc == 0; k++)
       rc = psp_schedule_touch(s, p.chunk_of[a->touch[k]], true);
   }
@@ -277,7 +277,7 @@ bool rp_chunk_advice(const struct rp_accesses *a, const uint64_t *sizes, size_t 
     fprintf(out, "  nothing to replay: no launch pointer falls inside an ALLOC'd range\n");
     return true;
   }
-  fprintf(out, "  GPU budget %s for chunks and non-model memory (sampled) together, as policy/ counts it\n",
+  fprintf(out, "  GPU budget %s for chunks, as PSSHIM_GPU_BUDGET counts it (memory psshim does not manage is outside it)\n",
           rp_bytes(budget, b, sizeof b));
   fprintf(out, "  %s; every touched chunk counted as written\n",
           a->periodic ? "bytes moved per iteration once warm (the third of three replayed)" : "bytes moved from a cold start");
