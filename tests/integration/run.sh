@@ -491,7 +491,7 @@ badconfig)
   for bad in PSSHIM_CHUNK_SIZE=3M PSSHIM_GPU_BUDGET=lots PSSHIM_POLICY=fast PSSHIM_LOG=loud PSSHIM_HOST_BUDGET=-1G; do
     under_psshim "$bad" "$prog" 1 1 1 >"$tmp/out" 2>"$tmp/err"
     status=$?
-    [ $status = 1 ] || fail "$bad: exit $status, expected 1"
+    [ $status = 2 ] || fail "$bad: exit $status, expected 2"
     [ "$(wc -l <"$tmp/err")" = 1 ] || fail "$bad: expected one line on stderr, got: $(cat "$tmp/err")"
     grep -q "^psshim: ${bad%%=*}=" "$tmp/err" || fail "$bad: the line does not name the variable: $(cat "$tmp/err")"
     [ ! -s "$tmp/out" ] || fail "$bad: the program ran"

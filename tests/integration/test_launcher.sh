@@ -82,7 +82,7 @@ bad_cases=(
 )
 if [ -n "$sanitized" ]; then
   # There the library checks them as the program starts, and the launcher lets its line through.
-  bad_cases+=("1|psshim: PSSHIM_GPU_BUDGET=lots is not valid||--budget lots -- $prog 1 1 1")
+  bad_cases+=("2|psshim: PSSHIM_GPU_BUDGET=lots is not valid||--budget lots -- $prog 1 1 1")
 else
   bad_cases+=(
     "2|psshim: --budget: lots is not valid: PSSHIM_GPU_BUDGET accepts||--budget lots -- $prog 1 1 1"
