@@ -67,9 +67,8 @@ int main(int argc, char **argv) {
   const char *perfetto = NULL, *html = NULL, *sizes_arg = NULL, *least_arg = NULL;
   uint64_t budget = 0;
   int c;
-  /* getopt's own messages name argv[0], the full path psshim-report was run by: ours name
-   * the program and the option, on one line. */
-  opterr = 0;
+  /* The leading ':' silences getopt's own messages, which name argv[0], the full path
+   * psshim-report was run by: ours name the program and the option, on one line. */
   while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
     switch (c) {
     case 'p': perfetto = optarg; break;
