@@ -48,7 +48,7 @@ echo "a stopped process leaves no file: ok"
 
 # The issue's own case, in a plain program (a sanitizer build's library loads only into
 # programs built with the sanitizers).
-if ! nm -D "$lib" | grep -q __asan_init; then
+if ! nm -D "$lib" | grep __asan_init >/dev/null; then
   for var in PSSHIM_TRACE PSSHIM_STATS; do
     env "$var=/nonexistent/x" LD_PRELOAD="$lib" /bin/true 2>"$tmp/err"
     status=$?
