@@ -1,8 +1,9 @@
 /* Does a remap cost more when made on a thread of its own than on the thread that launches,
  * while kernels read host memory in place? Inside the 2.68B GPT's training at 3x a remap on
  * the pager's mover thread took 1.7-1.8 ms of driver time against 0.2 ms on the launching
- * thread (bench/results/mover_ab_2026-12-01_thread/); bench/remap_beside.c found only queued
- * PCIe copies slowing a remap, with nothing launching kernels that read host memory. Here
+ * thread (`git show 50f48a8:bench/results/README.md`, "A mover thread, opt-in");
+ * bench/remap_beside.c found only queued PCIe copies slowing a remap, with nothing
+ * launching kernels that read host memory. Here
  * 4 MiB chunks are remapped between a device and a HOST_NUMA frame, 300 times per case:
  *   idle            nothing else runs;
  *   inplace-same    one thread keeps kernels queued (at most 4) that read a 512 MiB host

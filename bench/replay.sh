@@ -6,7 +6,7 @@
 #
 #   bench/replay.sh [TRACE] [RATIO ...]
 #
-# TRACE defaults to the 4x run of bench/results/mover_takeback_2026-12-03_697ca22/; RATIOs
+# TRACE defaults to the committed 3x run, bench/results/auto_3x_run54.trace.gz; RATIOs
 # to 3 4. Sizes are divided by REPLAY_SCALE (4) so that the model fits this machine (at 4,
 # ~10 GiB of the fake driver's memory at most, little of it touched), with REPLAY_CHUNK (2M) chunks:
 # 8 MiB ones at full scale. Budget = REPLAY_PEAK (the native allocated peak, 44274838528)
@@ -19,7 +19,7 @@
 # its 3.0 GiB peak): REPLAY_SCALE=1 REPLAY_CHUNK=4M REPLAY_PEAK=3212836864 bench/replay.sh TRACE 2
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-trace=${1:-$root/bench/results/mover_takeback_2026-12-03_697ca22/call2_takeback_aside_4x/t4/auto_4_256.trace.gz}
+trace=${1:-$root/bench/results/auto_3x_run54.trace.gz}
 shift || true
 ratios=${*:-3 4}
 lib=${REPLAY_LIB:-$root/build/libpsshim.so}

@@ -67,7 +67,7 @@ bool psc_settle(int r, const char *what) {
   while (r == ncclInProgress) {
     psg_backoff(&round);
     /* Asked at every turn: a call settles in microseconds, and asking only every poll
-     * period cost each gathered chunk 50 ms on the H200 x2 (bench/results/shard_run32). */
+     * period would add up to a poll period to each gathered chunk. */
     ncclResult_t state = ncclInProgress;
     psc_nccl.ncclCommGetAsyncError(psc_state.comm, &state);
     r = state;

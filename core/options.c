@@ -4,14 +4,20 @@
 #include "core/core.h"
 
 #include <errno.h>
+#include <libgen.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 struct ps_options ps_options;
 
-enum option_kind { OPT_SIZE, OPT_SIZE_OR_PCT, OPT_CHOICE, OPT_BOOL, OPT_PATH, OPT_UINT, OPT_SECONDS };
+/* OPT_OUTPUT: a file psshim writes, checked at start so that a bad path stops the process
+ * before the program runs, not when the file is first written. */
+enum option_kind { OPT_SIZE, OPT_SIZE_OR_PCT, OPT_CHOICE, OPT_BOOL, OPT_PATH, OPT_OUTPUT, OPT_UINT, OPT_SECONDS };
 
 struct option_def {
   const char *name;
@@ -44,19 +50,20 @@ static const struct option_def option_table[] = {
   {"PSSHIM_POLICY", OPT_CHOICE, "auto, static or plan", "auto", &ps_options.policy, NULL, policy_choices},
   {"PSSHIM_RUNAHEAD", OPT_UINT, "a whole number of launches from 1 to 60000", "256", &ps_options.runahead, NULL,
    NULL},
-  /* Measured on the H200 (PCIe 5): static placement read and wrote its host frames in
-   * place at 43-48 GB/s each way. */
+  /* About what a PCIe 5 x16 link carries each way: a kernel reading a host frame in place
+   * runs at the link's rate. */
   {"PSSHIM_INPLACE_RATE", OPT_SIZE, "a non-zero size per second (e.g. 40G)", "40G", &ps_options.inplace_rate, NULL,
    NULL},
-  /* Crowded: on the H200 the mover made every crowded run faster (the 2.68B GPT at 3x and
-   * 4x, the activation set) and every uncrowded one slower or no faster (1.25x-2x), all
-   * pairs in one call each (bench/results/mover_2026-12-03_a2eafe8/). */
+  /* Crowded: a thread of its own pays off only where moves are many (the iteration's own
+   * allocations outgrow the GPU); where they are few, its remaps, made beside kernels
+   * reading host frames in place, cost more than the launching threads' own. */
   {"PSSHIM_MOVER", OPT_CHOICE, "crowded, 1 or 0", "crowded", &ps_options.mover, NULL, mover_choices},
   {"PSSHIM_LOG", OPT_CHOICE, "off, error, warn, info or debug", "error", &ps_options.log_level, NULL,
    log_choices},
-  {"PSSHIM_STATS", OPT_PATH, "0, 1 (summary on stderr at exit) or a file path (JSON at exit)", NULL,
+  {"PSSHIM_STATS", OPT_OUTPUT, "0, 1 (summary on stderr at exit) or a file path (JSON at exit)", NULL,
    &stats_text, NULL, NULL},
-  {"PSSHIM_TRACE", OPT_PATH, "a file path", NULL, &ps_options.trace_path, NULL, NULL},
+  {"PSSHIM_TRACE", OPT_OUTPUT, "the path of a file to write, in a folder that exists", NULL,
+   &ps_options.trace_path, NULL, NULL},
   {"PSSHIM_SAMPLE_MS", OPT_UINT, "a whole number of milliseconds from 1 to 60000", "10",
    &ps_options.sample_ms, NULL, NULL},
   {"PSSHIM_CUPTI", OPT_PATH, "the path of libcupti.so", NULL, &ps_options.cupti_path, NULL, NULL},
@@ -107,22 +114,72 @@ bool ps_parse_size(const char *text, uint64_t *bytes, double *pct)
   return true;
 }
 
-static bool parse_one(const struct option_def *o, const char *text)
+/* Why a size was refused, where one reason stands out from what the variable accepts:
+ * written to why, else why is left empty. */
+static void size_refusal(const char *text, bool pct_ok, char *why, size_t whylen)
+{
+  char *end;
+  double v = strtod(text, &end);
+  const bool pct = strcmp(end, "%") == 0;
+  if (end == text || (pct && !pct_ok))
+    return;
+  if (pct && v > 100)
+    snprintf(why, whylen, "a percentage is at most 100%%");
+  else if (v == 0 && (pct || ps_parse_size(text, &(uint64_t){0}, NULL)))
+    snprintf(why, whylen, "zero is not allowed");
+}
+
+/* Whether a file can be made or rewritten at path, asking without making it: a process
+ * that stops before it writes (a launcher, a program that fails) leaves nothing behind.
+ * On refusal, the reason in why. */
+static bool writable_file(const char *path, char *why, size_t whylen)
+{
+  struct stat sb;
+  if (stat(path, &sb) == 0) {
+    if (S_ISDIR(sb.st_mode))
+      snprintf(why, whylen, "it is a directory");
+    else if (access(path, W_OK) != 0)
+      snprintf(why, whylen, "the file is not writable (%s)", strerror(errno));
+    return !*why;
+  }
+  if (errno != ENOENT && errno != ENOTDIR) {
+    snprintf(why, whylen, "%s", strerror(errno));
+    return false;
+  }
+  char copy[PATH_MAX];
+  snprintf(copy, sizeof copy, "%s", path);
+  const char *dir = dirname(copy);
+  if (stat(dir, &sb) != 0)
+    snprintf(why, whylen, "%s: %s", dir, errno == ENOENT ? "no such directory" : strerror(errno));
+  else if (!S_ISDIR(sb.st_mode))
+    snprintf(why, whylen, "%s is not a directory", dir);
+  else if (access(dir, W_OK | X_OK) != 0)
+    snprintf(why, whylen, "no file can be made in %s (%s)", dir, strerror(errno));
+  return !*why;
+}
+
+/* Parses text for o into its value; false if it is refused, with a reason in why when
+ * one stands out. */
+static bool parse_one(const struct option_def *o, const char *text, char *why, size_t whylen)
 {
   switch (o->kind) {
-  case OPT_SIZE: {
+  case OPT_SIZE:
+  case OPT_SIZE_OR_PCT: {
     uint64_t b;
-    if (!ps_parse_size(text, &b, NULL) || b == 0)
+    double pct = 0;
+    if (!ps_parse_size(text, &b, o->pct ? &pct : NULL) || (b == 0 && pct == 0)) {
+      size_refusal(text, o->pct != NULL, why, whylen);
       return false;
+    }
     /* The VMM granularity is only known from the driver; 2 MiB is what every current GPU
      * reports, and allocator init re-checks against the real value. */
     if (o->value == &ps_options.chunk_size && b % (2u << 20))
       return false;
     *(uint64_t *)o->value = b;
+    if (o->pct)
+      *o->pct = pct;
     return true;
   }
-  case OPT_SIZE_OR_PCT:
-    return ps_parse_size(text, (uint64_t *)o->value, o->pct) && (*(uint64_t *)o->value > 0 || *o->pct > 0);
   case OPT_CHOICE:
     for (int i = 0; o->choices[i]; i++)
       if (strcmp(text, o->choices[i]) == 0) {
@@ -135,8 +192,13 @@ static bool parse_one(const struct option_def *o, const char *text)
       return false;
     *(bool *)o->value = text[0] == '1';
     return true;
+  case OPT_OUTPUT:
   case OPT_PATH:
     if (!*text)
+      return false;
+    /* PSSHIM_STATS's 0 and 1 name no file. */
+    if (o->kind == OPT_OUTPUT && !(o->value == &stats_text && (!strcmp(text, "0") || !strcmp(text, "1"))) &&
+        !writable_file(text, why, whylen))
       return false;
     *(const char **)o->value = text;
     return true;
@@ -175,10 +237,11 @@ bool ps_options_parse(char *err, size_t errlen)
       text = o->def;
     if (!text)
       continue;
-    if (!parse_one(o, text)) {
+    char why[PATH_MAX + 64] = "";
+    if (!parse_one(o, text, why, sizeof why)) {
       if (err)
-        snprintf(err, errlen, "%s=%s is not valid: %s accepts %s%s%s", o->name, text, o->name, o->accepts,
-                 o->def ? "; default " : "", o->def ? o->def : "");
+        snprintf(err, errlen, "%s=%s is not valid: %s%s%s accepts %s%s%s", o->name, text, why, *why ? "; " : "",
+                 o->name, o->accepts, o->def ? "; default " : "", o->def ? o->def : "");
       return false;
     }
   }

@@ -3,9 +3,11 @@
  * process that never touches CUDA (a DataLoader worker, a shell) pays nothing. */
 #include "shim/shim.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static bool options_ok;
 
@@ -29,7 +31,7 @@ __attribute__((constructor)) static void psshim_start(void)
   if (!ps_options_parse(err, sizeof err)) {
     ps_log_level = PS_LOG_ERROR;
     ps_error("%s", err);
-    exit(1);
+    exit(2); /* as the launcher's for a bad option: the program never ran */
   }
   ps_log_level = ps_options.log_level;
   options_ok = true;
@@ -56,7 +58,7 @@ __attribute__((destructor)) static void psshim_end(void)
   }
   FILE *f = fopen(ps_options.stats_path, "w");
   if (!f) {
-    ps_error("PSSHIM_STATS=%s: cannot write the file", ps_options.stats_path);
+    ps_error("PSSHIM_STATS=%s: cannot write the file: %s", ps_options.stats_path, strerror(errno));
     return;
   }
   psa_stats_write(f, true, &progress);

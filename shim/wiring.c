@@ -43,10 +43,9 @@ static CUcontext sampler_ctx;
  * same bytes allocated, give or take STEADY_SLACK, with allocations between them (an
  * iteration allocates its activations): a layer's launches repeat as a step's do, but each
  * layer leaves its activations behind (megabytes), while a step may keep a few bytes (a
- * loss tensor a loop logs). Where layers' periods stood (232 "iterations" in 12 steps of
- * the 2.68B GPT), plans and sharing rounds ran at every layer and auto's first steps at 2x
- * the budget took 15 s against static placement's 6 (bench/results/README.md, the trust
- * rule). Called under period_lock, which is taken before the devices' locks. */
+ * loss tensor a loop logs). Where a layer's period stood, plans and sharing rounds ran at
+ * every layer, and the pager's first steps were slower than static placement's. Called
+ * under period_lock, which is taken before the devices' locks. */
 static void distrust(void)
 {
   trusted = false;
@@ -74,10 +73,10 @@ static void trust_if_steady(void)
 
 /* Whether period p's last two boundaries before `next` (its next one) found the same live
  * bytes, by the rule trust_if_steady applies as boundaries come. Then the next boundary
- * can trust it without waiting two more iterations: at 3x over budget on the 2.68B GPT
- * every step before trust took 17-29 s against 1.76 s after (bench/results/README.md).
- * Trusting it at once, mid-iteration, saved a slow step at 3x (11-13 s) but made the steady
- * step at 1.25x 7% slower in a same-call pair (bench/results/README.md). */
+ * can trust it without waiting two more iterations: before trust placement is static's,
+ * and a crowded run's steps then are many times a steady one. Not at once, mid-iteration:
+ * that saves one more slow step, but plans begun mid-iteration left a placement that
+ * slowed the steady steps of an uncrowded run. */
 static bool passed_steady(uint32_t p, uint64_t next)
 {
   uint64_t last = next - p;

@@ -281,11 +281,27 @@ bool rp_chunk_advice(const struct rp_accesses *a, const uint64_t *sizes, size_t 
           rp_bytes(budget, b, sizeof b));
   fprintf(out, "  %s; every touched chunk counted as written\n",
           a->periodic ? "bytes moved per iteration once warm (the third of three replayed)" : "bytes moved from a cold start");
+  /* A chunk larger than the budget has no GPU frame to go to: every launch would read it
+   * in place, whatever the replay's copies say. */
+  char skipped[256] = "";
+  size_t nskipped = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (sizes[i] <= budget) continue;
+    const size_t len = strlen(skipped);
+    snprintf(skipped + len, sizeof skipped - len, "%s%s", nskipped++ ? ", " : "", env_size(sizes[i], b, sizeof b));
+  }
+  if (nskipped)
+    fprintf(out, "  not replayed, larger than the GPU budget: %s\n", skipped);
+  if (nskipped == n) {
+    fprintf(out, "  no chunk size left to replay: give sizes up to %s (--chunk-size=LIST)\n", rp_bytes(budget, b, sizeof b));
+    return true;
+  }
   fprintf(out, "  %10s %8s %11s %11s %13s %13s %11s\n", "chunk size", "chunks", "footprint", "OPT page-ins",
           "OPT moved MB", "LRU moved MB", "in place");
   struct result best = { 0 };
   bool ok = true;
   for (size_t i = 0; i < n && ok; i++) {
+    if (sizes[i] > budget) continue;
     struct result r;
     ok = replay(a, sizes[i], budget, iterations, &r);
     if (!ok) break;
@@ -294,7 +310,7 @@ bool rp_chunk_advice(const struct rp_accesses *a, const uint64_t *sizes, size_t 
             (double)moved(&r.lru) / 1e6, (unsigned long long)r.opt.in_place_moments);
     /* Least traffic under OPT (what psshim does with a warm-up trace); ties go to fewer
      * copies, which run closer to full bandwidth. */
-    if (i == 0 || moved(&r.opt) < moved(&best.opt) ||
+    if (!best.chunk_size || moved(&r.opt) < moved(&best.opt) ||
         (moved(&r.opt) == moved(&best.opt) && r.opt.page_ins < best.opt.page_ins))
       best = r;
   }
@@ -302,8 +318,8 @@ bool rp_chunk_advice(const struct rp_accesses *a, const uint64_t *sizes, size_t 
     fprintf(out, "  least moved: PSSHIM_CHUNK_SIZE=%s (%.1f MB moved under OPT, %s footprint)\n",
             env_size(best.chunk_size, b, sizeof b), (double)moved(&best.opt) / 1e6, rp_bytes(best.footprint, c, sizeof c));
     /* psshim's pager reads host frames in place rather than paging every touch in, and
-     * packs a tensor larger than a chunk into whole chunks: on the H200 this ranking put
-     * 16M first where 4M ran 5.5% faster (bench/results/study_run35.json). */
+     * packs a tensor larger than a chunk into whole chunks, so the size that copies least
+     * under demand paging need not give the fastest step. */
     fprintf(out, "  (copies under demand paging, not step time: psshim also reads host frames in place;\n"
                  "   measure the step at the sizes that copy least)\n");
   } else {

@@ -8,8 +8,8 @@
 enum { EXIT_OK = 0, EXIT_USAGE = 1, EXIT_TRACE = 2 };
 #define DEFAULT_SIZES "4M,8M,16M,32M,64M,128M"
 
-static void usage(FILE *f) {
-  fprintf(f,
+static void usage(void) {
+  printf(
           "usage: psshim-report FILE [options]\n"
           "\n"
           "Reads a trace written by libpsshim.so (PSSHIM_TRACE=FILE) and prints a summary: the run,\n"
@@ -31,7 +31,8 @@ static void usage(FILE *f) {
           "                         against LEAST TRAFFIC, memory over time against the budgets,\n"
           "                         one iteration up close, chunk residency, allocation sites\n"
           "  --chunk-size[=LIST]    replay the recorded accesses with each chunk size in LIST\n"
-          "                         (default " DEFAULT_SIZES ") through the OPT and LRU\n"
+          "                         (multiples of 2M, default " DEFAULT_SIZES "; those larger\n"
+          "                         than the budget left out) through the OPT and LRU\n"
           "                         simulators and name the one that moves the fewest bytes\n"
           "                         (under demand paging: a ranking of copies, not of step time)\n"
           "  --budget SIZE          GPU budget for --chunk-size (default: the run's)\n"
@@ -70,7 +71,9 @@ int main(int argc, char **argv) {
   uint64_t budget = 0;
   uint32_t lag = RP_DEFAULT_LAG;
   int c;
-  while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+  /* The leading ':' silences getopt's own messages, which name argv[0], the full path
+   * psshim-report was run by: ours name the program and the option, on one line. */
+  while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
     switch (c) {
     case 'p': perfetto = optarg; break;
     case 'w': html = optarg; break;
@@ -92,14 +95,23 @@ int main(int argc, char **argv) {
       lag = (uint32_t)v;
       break;
     }
-    case 'h': usage(stdout); return EXIT_OK;
+    case 'h': usage(); return EXIT_OK;
     case 'V': printf("psshim-report %s (reads trace format version %u)\n", PSSHIM_VERSION, PST_TRACE_VERSION); return EXIT_OK;
-    default: usage(stderr); return EXIT_USAGE;
+    case ':':
+      fprintf(stderr, "psshim-report: %s needs a value (psshim-report --help)\n", argv[optind - 1]);
+      return EXIT_USAGE;
+    default: { /* an unknown short option is optopt; a long one, the argument just passed */
+      const char *arg = argv[optind - 1];
+      if (optopt && strncmp(arg, "--", 2) != 0)
+        fprintf(stderr, "psshim-report: -%c: unknown option (psshim-report --help lists them)\n", optopt);
+      else
+        fprintf(stderr, "psshim-report: %s: unknown option (psshim-report --help lists them)\n", arg);
+      return EXIT_USAGE;
+    }
     }
   }
   if (optind != argc - 1) {
-    fprintf(stderr, "psshim-report: give exactly one trace FILE\n");
-    usage(stderr);
+    fprintf(stderr, "psshim-report: give exactly one trace FILE (usage: psshim-report FILE [options])\n");
     return EXIT_USAGE;
   }
   uint64_t *sizes = NULL;
@@ -109,6 +121,13 @@ int main(int argc, char **argv) {
     free(sizes);
     return EXIT_USAGE;
   }
+  for (size_t i = 0; i < nsizes; i++)
+    if (sizes[i] % (2u << 20)) { /* advice the library would refuse is no advice */
+      fprintf(stderr, "psshim-report: --chunk-size takes multiples of 2M, as PSSHIM_CHUNK_SIZE does, not '%s'\n",
+              sizes_arg);
+      free(sizes);
+      return EXIT_USAGE;
+    }
 
   uint64_t *least = NULL;
   size_t nleast = 0;

@@ -1,17 +1,15 @@
 /* MOVES: what each of the steady phase's moves cost the thread that made it (its remap and
  * queueing its copy: the MIGRATION record's start to end), by direction and by whether a
- * launch shortly before it named a chunk in host frames. On the H200 a remap alone beside
- * kernels that read host memory nonstop took 26-28x its idle time; this says whether a run's
- * moves paid that (bench/results/README.md). */
+ * launch shortly before it named a chunk in host frames: a remap beside kernels that read
+ * host memory takes many times its idle time, and this says whether a run's moves paid that. */
 #include <stdlib.h>
 
 #include "tools/report.h"
 
 /* Launches looked back over. A remap is slow while a kernel that reads host memory runs; where
- * the launching thread is the bottleneck the GPU runs the last few launches. On the 2.68B GPT's
- * 3x trace, steady page-outs with an in-place launch among the last 4: p90 954 us, mean 410,
- * against 189 and 228 without; among the last 256 (what may be queued): 275 and 303 against
- * 148 and 139 (bench/results/README.md). */
+ * the launching thread is the bottleneck the GPU runs the last few launches, so a short look
+ * back finds the kernels running beside the remap, and a long one (what may be queued)
+ * blurs the split with launches long done. */
 #define BEFORE 4
 
 struct costs {

@@ -1,12 +1,12 @@
 /* PLAN: policy/'s steady plan (psp_plan_make) for the iteration LEAST TRAFFIC bounds, at
- * the run's budget and chunk size with the H200's copy rates: the bytes it copies, its
+ * the run's budget and chunk size with a PCIe 5 link's copy rates: the bytes it copies, its
  * predicted step, and its late waits, beside the bound and what the run paged then. */
 #include <stdlib.h>
 
 #include "tools/report.h"
 
-/* The H200 over PCIe 5 (shared/DESIGN.md): each direction alone, both at once, and a
- * kernel reading pinned host memory in place. */
+/* A PCIe 5 x16 link's rates, as measured (shared/DESIGN.md): each direction alone, both at
+ * once, and a kernel reading pinned host memory in place. The trace holds no rates of its own. */
 static const double H2D = 55.4e9, D2H = 55.3e9, BOTH = 96.4e9, IN_PLACE = 51e9;
 enum { DEFAULT_NS = 10000 }; /* a moment's duration when the trace has no launch times */
 

@@ -272,7 +272,7 @@ static bool residency(const struct rp_chunks *cs, FILE *f) {
   }
   fprintf(f, "  %zu chunks; chunk-seconds on GPU %.3f, on host %.3f; %llu page-ins, %llu page-outs\n", cs->n,
           (double)gpu / 1e9, (double)host / 1e9, (unsigned long long)ins, (unsigned long long)outs);
-  if (cs->n > SHOW) fprintf(f, "  the %d with the most migrations:\n", SHOW);
+  if (cs->n > SHOW) fprintf(f, ins + outs ? "  the %d with the most migrations:\n" : "  the first %d (none migrated):\n", SHOW);
   fprintf(f, "  %8s %10s %10s %10s %6s %6s %6s %12s\n", "chunk", "size MiB", "GPU s", "host s", "GPU %",
           "in", "out", "moved MB");
   for (size_t i = 0; i < cs->n && i < SHOW; i++) {

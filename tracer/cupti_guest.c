@@ -2,8 +2,8 @@
  *
  * CUPTI allows one callback subscriber per process and refuses the next with
  * CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED. Under PSSHIM_POLICY=auto psshim holds it
- * from the first allocation, so a profiler started later (torch.profiler's Kineto) was
- * refused and recorded no kernels (on the H200: bench/results/study_run17.json). psshim's
+ * from the first allocation, so a profiler started later (torch.profiler's Kineto) would be
+ * refused and record no kernels. psshim's
  * CUPTI doors (shim/cupti_doors.c) send such a subscriber here instead: it gets a stand-in
  * handle, what it enables is enabled on psshim's subscription, and its callbacks are
  * passed on to it. cuptiFinalize would end psshim's observation too, and paging must not

@@ -61,8 +61,10 @@ struct pst_reader *pst_reader_open(const char *path, char *err, size_t errlen) {
   rd->fd = -1;
   rd->fd = open(path, O_RDONLY | O_CLOEXEC);
   if (rd->fd < 0) return open_error(rd, err, errlen, "%s: %s", path, strerror(errno));
-  struct stat sb;
+  struct stat sb = { 0 };
   if (fstat(rd->fd, &sb) == 0) rd->st.file_bytes = (uint64_t)sb.st_size;
+  /* A directory opens, and every read of it fails: say so rather than "truncated at byte 0". */
+  if (S_ISDIR(sb.st_mode)) return open_error(rd, err, errlen, "%s: is a directory, not a trace file", path);
   uint8_t fixed[PST_FILE_HEADER_SIZE];
   const size_t got = read_at(rd->fd, fixed, sizeof fixed, 0);
   const size_t magic_seen = got < 8 ? got : 8;

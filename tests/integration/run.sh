@@ -240,12 +240,12 @@ sys.exit(0 if s["period"] == 0 and s["iterations"] == 0 and s["plans"] == 0 else
 PY
   ;;
 replay)
-  # A real torch run's trace (bench/results/gpt_small.trace: a small GPT, 30 steps, bf16
+  # A real torch run's trace (tests/data/gpt_small.trace: a small GPT, 30 steps, bf16
   # autocast, fused AdamW) replayed under auto at a budget 2/3 of its peak: its kernels
   # read a byte at every pointer they were given, so a touch of an unmapped chunk faults.
   # Then scaled down 4x (sizes and offsets, budget with them), as a trace of a model larger
   # than this machine is replayed.
-  trace="$(dirname "$0")/../../bench/results/gpt_small.trace"
+  trace="$(dirname "$0")/../data/gpt_small.trace"
   for scaled in "1 1000M" "4 250M"; do
     read -r scale budget <<<"$scaled"
     out=$(FAKECUDA_DEVICE_MEM=4G FAKECUDA_HOST_MEM=8G under_psshim PSSHIM_CUPTI="$FAKE_CUPTI" PSSHIM_POLICY=auto \
@@ -497,7 +497,7 @@ badconfig)
   for bad in PSSHIM_CHUNK_SIZE=3M PSSHIM_GPU_BUDGET=lots PSSHIM_POLICY=fast PSSHIM_LOG=loud PSSHIM_HOST_BUDGET=-1G; do
     under_psshim "$bad" "$prog" 1 1 1 >"$tmp/out" 2>"$tmp/err"
     status=$?
-    [ $status = 1 ] || fail "$bad: exit $status, expected 1"
+    [ $status = 2 ] || fail "$bad: exit $status, expected 2"
     [ "$(wc -l <"$tmp/err")" = 1 ] || fail "$bad: expected one line on stderr, got: $(cat "$tmp/err")"
     grep -q "^psshim: ${bad%%=*}=" "$tmp/err" || fail "$bad: the line does not name the variable: $(cat "$tmp/err")"
     [ ! -s "$tmp/out" ] || fail "$bad: the program ran"

@@ -172,8 +172,34 @@ printf 'not a trace at all\n' > "$dir/junk"
 rc=$?
 check "foreign file exits 2" test "$rc" -eq 2
 check "foreign file named" grep -q 'not a psshim trace' "$dir/junk.err"
+mkdir "$dir/a-folder"
+"$report" "$dir/a-folder" > /dev/null 2> "$dir/folder.err"
+rc=$?
+check "a directory exits 2" test "$rc" -eq 2
+check "a directory named as one" grep -qx "psshim-report: $dir/a-folder: is a directory, not a trace file" "$dir/folder.err"
 "$report" > /dev/null 2>&1
 check "no FILE exits 1" test $? -eq 1
+# An unknown option: one line naming the program as the user knows it, not its build path.
+"$report" "$dir/run.trace" --bogus > /dev/null 2> "$dir/bogus.err"
+rc=$?
+check "unknown option exits 1" test "$rc" -eq 1
+check "unknown option in one line, without the path" \
+  grep -qx 'psshim-report: --bogus: unknown option (psshim-report --help lists them)' "$dir/bogus.err"
+check "unknown option: nothing more" test "$(wc -l < "$dir/bogus.err")" -eq 1
+"$report" "$dir/run.trace" --chunk-size=3M,4M > /dev/null 2> "$dir/3m.err"
+rc=$?
+check "a chunk size the library refuses exits 1" test "$rc" -eq 1
+check "a chunk size the library refuses, said" grep -q 'takes multiples of 2M, as PSSHIM_CHUNK_SIZE does' "$dir/3m.err"
+# Chunk-size advice at a budget below some candidates: those are left out, never advised.
+advice() { sed -n '/^CHUNK SIZE ADVICE/,/^$/p' "$1"; }
+"$report" "$dir/run.trace" --chunk-size --budget 24M > "$dir/small.txt" 2>&1
+check "advice at 24 MiB: 32M, 64M and 128M left out" \
+  grep -qx '  not replayed, larger than the GPU budget: 32M, 64M, 128M' <(advice "$dir/small.txt")
+check "advice at 24 MiB: a size that fits" grep -Eq '^  least moved: PSSHIM_CHUNK_SIZE=(4|8|16)M ' <(advice "$dir/small.txt")
+check "advice at 24 MiB: no row larger than the budget" bash -c "! grep -Eq '^ +(32|64|128) MiB ' <(sed -n '/^CHUNK SIZE ADVICE/,\$p' '$dir/small.txt')"
+"$report" "$dir/run.trace" --chunk-size=64M --budget 24M > "$dir/none.txt" 2>&1
+check "advice with no size within the budget: none advised" \
+  bash -c "grep -q '^  no chunk size left to replay: give sizes up to 24 MiB' '$dir/none.txt' && ! grep -q 'least moved' '$dir/none.txt'"
 "$report" "$dir/run.trace" --chunk-size=12Q > /dev/null 2>&1
 check "bad size exits 1" test $? -eq 1
 "$report" --help | grep -q '^usage: psshim-report FILE'

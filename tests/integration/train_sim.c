@@ -132,6 +132,7 @@ int main(int argc, char **argv)
   printf("train_sim: %d steps, %d layers x %llu MiB: checksum %llx, mismatches %llu, psshim %s\n", steps, layers,
          (unsigned long long)(layer_bytes >> 20), (unsigned long long)sum, (unsigned long long)bad,
          owns ? "loaded" : "absent");
+  fflush(stdout); /* before psshim's statistics at exit, on stderr, also when stdout is a pipe */
   free(host), free(expect_p), free(expect_s), free(param), free(state);
   return bad ? 1 : 0;
 }

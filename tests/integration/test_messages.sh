@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# What a bad setting or a run with nothing to page tells the user: each bad value stops the
+# process before the program runs, exit 2, with one line naming the variable and why; a
+# path is checked without leaving a file behind; the training loop's own line comes before
+# psshim's statistics in a pipe; psshim-report on a run where nothing migrated says so.
+# Usage: test_messages.sh LIBPSSHIM TRAIN_SIM PSSHIM_REPORT LAUNCHER (the fake driver and
+# FAKE_CUPTI from the environment)
+set -uo pipefail
+lib=$1 prog=$2 report=$3 launcher=$4
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAILED: $*"; exit 1; }
+touch "$tmp/file"
+
+# Each: the setting, then the line's start after "psshim: SETTING is not valid: ".
+bad_cases=(
+  "PSSHIM_TRACE=$tmp/none/x.trace|$tmp/none: no such directory; PSSHIM_TRACE accepts"
+  "PSSHIM_STATS=$tmp/none/s.json|$tmp/none: no such directory; PSSHIM_STATS accepts"
+  "PSSHIM_TRACE=$tmp|it is a directory;"
+  "PSSHIM_STATS=$tmp/file/s.json|$tmp/file is not a directory;"
+  "PSSHIM_GPU_BUDGET=0|zero is not allowed;"
+  "PSSHIM_HOST_BUDGET=0%|zero is not allowed;"
+  "PSSHIM_HOST_BUDGET=200%|a percentage is at most 100%;"
+  "PSSHIM_GPU_BUDGET=150%|a percentage is at most 100%;"
+  "PSSHIM_GPU_BUDGET=banana|PSSHIM_GPU_BUDGET accepts"
+)
+# Root may write anywhere, whatever the mode says.
+if [ "$(id -u)" != 0 ]; then
+  mkdir "$tmp/ro" && chmod 500 "$tmp/ro"
+  bad_cases+=("PSSHIM_STATS=$tmp/ro/s.json|no file can be made in $tmp/ro (")
+fi
+for case in "${bad_cases[@]}"; do
+  IFS='|' read -r setting why <<<"$case"
+  env "$setting" LD_PRELOAD="$lib" "$prog" 1 1 1 >"$tmp/out" 2>"$tmp/err"
+  status=$?
+  echo "$setting -> exit $status: $(cat "$tmp/err")"
+  [ $status = 2 ] || fail "$setting: exit $status, expected 2"
+  [ "$(wc -l <"$tmp/err")" = 1 ] || fail "$setting: expected one line on stderr"
+  [[ $(cat "$tmp/err") == "psshim: $setting is not valid: $why"* ]] || fail "$setting: expected the reason '$why'"
+  [ ! -s "$tmp/out" ] || fail "$setting: the program ran"
+done
+
+# The check makes no file: a process stopped by another bad value leaves none behind.
+env PSSHIM_TRACE="$tmp/t.trace" PSSHIM_STATS="$tmp/s.json" PSSHIM_POLICY=fast LD_PRELOAD="$lib" "$prog" 1 1 1 \
+  >/dev/null 2>&1
+[ ! -e "$tmp/t.trace" ] && [ ! -e "$tmp/s.json" ] || fail "a stopped process left a trace or statistics file"
+echo "a stopped process leaves no file: ok"
+
+# The issue's own case, in a plain program (a sanitizer build's library loads only into
+# programs built with the sanitizers).
+if ! nm -D "$lib" | grep __asan_init >/dev/null; then
+  for var in PSSHIM_TRACE PSSHIM_STATS; do
+    env "$var=/nonexistent/x" LD_PRELOAD="$lib" /bin/true 2>"$tmp/err"
+    status=$?
+    [ $status != 0 ] && [ "$(wc -l <"$tmp/err")" = 1 ] && grep -q "^psshim: $var=/nonexistent/x is not valid: " "$tmp/err" ||
+      fail "$var=/nonexistent/x /bin/true: exit $status, $(cat "$tmp/err")"
+  done
+  echo "/bin/true with a trace or stats path in no directory: exit 2 and one line"
+fi
+
+# A good run traced in static placement, everything on the GPU: 48 chunks and no migration.
+# The program's line comes first into the pipe, then psshim's statistics at exit.
+out=$(PSSHIM_CUPTI="$FAKE_CUPTI" "$launcher" --policy static --budget 256M --host-budget 256M --chunk-size 2M \
+  --trace "$tmp/run.trace" --stats 1 -- "$prog" 6 8 4 2>&1) || fail "traced run: $out"
+echo "$out"
+[[ $(head -n 1 <<<"$out") == "train_sim: "* ]] || fail "the program's line is not first in the pipe"
+[ "$(grep -c '^psshim: ' <<<"$out")" -ge 4 ] || fail "no statistics on stderr"
+"$report" "$tmp/run.trace" >"$tmp/report.txt" || fail "psshim-report on the run: exit $?"
+sed -n '/^CHUNKS/,/^$/p' "$tmp/report.txt" | head -n 4
+grep -q '^  48 chunks; .* 0 page-ins, 0 page-outs$' "$tmp/report.txt" || fail "expected 48 chunks and no migration"
+grep -qx '  the first 40 (none migrated):' "$tmp/report.txt" || fail "the chunk table does not say none migrated"
+! grep -q 'the most migrations' "$tmp/report.txt" || fail "the chunk table speaks of migrations none made"
+echo "PASS"
