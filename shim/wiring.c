@@ -46,23 +46,39 @@ static CUcontext sampler_ctx;
  * loss tensor a loop logs). Where a layer's period stood, plans and sharing rounds ran at
  * every layer, and the pager's first steps were slower than static placement's. Called
  * under period_lock, which is taken before the devices' locks. */
+/* A program whose allocator pools its memory (CuPy's, XLA's, torch's own caching allocator)
+ * allocates nothing psshim sees once warm, so its iterations allocate nothing: a period is
+ * trusted too once POOLED_BOUNDARIES boundaries in a row found the same live bytes and no
+ * allocation between any of them. A part of a step that repeats without allocating (a loop
+ * over layers that keeps nothing) seldom lasts that long, and the step's next part, no
+ * longer periodic, drops it. */
+#define POOLED_BOUNDARIES 4
+static uint32_t quiet_boundaries; /* boundaries in a row: live bytes unchanged, nothing allocated */
+
 static void distrust(void)
 {
   trusted = false;
   live_at_boundary = NO_LIVE;
+  quiet_boundaries = 0;
   atomic_store_explicit(&adopted, 0, memory_order_relaxed);
+}
+
+static bool same_live(uint64_t was, uint64_t now)
+{
+  return was != NO_LIVE && (now > was ? now - was : was - now) < STEADY_SLACK;
 }
 
 static bool steady(uint64_t was, uint64_t allocs_was, uint64_t now, uint64_t allocs_now)
 {
-  return was != NO_LIVE && allocs_now > allocs_was && (now > was ? now - was : was - now) < STEADY_SLACK;
+  return allocs_now > allocs_was && same_live(was, now);
 }
 
 static void trust_if_steady(void)
 {
   uint64_t now, allocs;
   psa_live_now(&now, &allocs);
-  if (steady(live_at_boundary, allocs_at_boundary, now, allocs)) {
+  quiet_boundaries = same_live(live_at_boundary, now) && allocs == allocs_at_boundary ? quiet_boundaries + 1 : 0;
+  if (steady(live_at_boundary, allocs_at_boundary, now, allocs) || quiet_boundaries >= POOLED_BOUNDARIES) {
     trusted = true;
     adopted_at = fed;
     atomic_store_explicit(&adopted, period, memory_order_relaxed);
@@ -84,6 +100,34 @@ static bool passed_steady(uint32_t p, uint64_t next)
     return false;
   uint64_t a = (last - p) & (HISTORY - 1), b = last & (HISTORY - 1);
   return steady(history[a].live, history[a].allocs, history[b].live, history[b].allocs);
+}
+
+/* Device memory in use beyond psshim's GPU frames and what was in use when psshim set the
+ * device up (the CUDA context, the libraries loaded by then) is the program's own, got in
+ * a way psshim does not serve: outside the budget and never paged, which the user is told
+ * once. Below UNMANAGED_SAY (PSSHIM_GPU_RESERVE's default), or a quarter of the budget, it
+ * is taken for what libraries add later (workspaces, NCCL's buffers). Of the device the
+ * launching thread's context is on, against psshim's frames on every device. */
+#define UNMANAGED_SAY (2ull << 30)
+static uint64_t used_at_start;
+static bool unmanaged_said; /* or nothing to compare with */
+
+static uint64_t device_used(void)
+{
+  size_t free_b = 0, total_b = 0;
+  return ps_driver.cuMemGetInfo_v2(&free_b, &total_b) == CUDA_SUCCESS ? total_b - free_b : UINT64_MAX;
+}
+
+static void say_unmanaged(const struct psa_stats *s)
+{
+  uint64_t used = unmanaged_said ? UINT64_MAX : device_used(), known = used_at_start + s->gpu_frames * s->chunk_size;
+  uint64_t say = s->gpu_budget / 4 > UNMANAGED_SAY ? s->gpu_budget / 4 : UNMANAGED_SAY;
+  if (used == UINT64_MAX || used <= known + say)
+    return;
+  unmanaged_said = true;
+  ps_error("%.1f GiB of the device's memory in use is not psshim's: the program allocates it in a way psshim does not "
+           "serve (its own cuMemCreate, managed memory, a CUDA runtime linked into it), so it lies outside "
+           "PSSHIM_GPU_BUDGET and is never paged", (double)(used - known) / (1 << 30));
 }
 
 /* Iteration boundaries from the period detector, once trusted: an ITERATION record as each
@@ -152,6 +196,7 @@ static uint64_t track_iteration(const struct ps_moment *l)
   if (boundary) {
     struct psa_stats s;
     psa_stats_boundary(!trusted_before, &s); /* the boundary that trusted it starts anew */
+    say_unmanaged(&s);
     struct pst_record r = {.type = PST_REC_ITERATION,
                            .iteration = {.iteration = it, .period = per, .pager_ns = s.launch_ns,
                                          .turns_ns = s.plan_ns, .late_waits = s.late_waits,
@@ -227,6 +272,8 @@ static void stop_sampling(void)
 static void start(const struct pst_trace_header *h, void *user)
 {
   (void)user;
+  used_at_start = device_used();
+  unmanaged_said = used_at_start == UINT64_MAX;
   bool tracing = ps_options.trace_path && pst_trace_open(ps_options.trace_path, h);
   if (!tracing && ps_options.policy == PS_POLICY_STATIC)
     return; /* nothing to observe for */

@@ -238,6 +238,28 @@ s = json.load(open(sys.argv[1]))
 print(f"memory growing every step: period {s['period']}, iterations {s['iterations']}, plans {s['plans']}")
 sys.exit(0 if s["period"] == 0 and s["iterations"] == 0 and s["plans"] == 0 else 1)
 PY
+  # The same loop with its activations allocated once and reused, as a pooling allocator
+  # does (CuPy's, XLA's): the steps allocate nothing, and the step is still found, trusted
+  # and paged by, at a budget below the loop's 64 MiB (40 moments: its 24 launches and the
+  # 16 copies its check of every step makes).
+  under_psshim PSSHIM_CUPTI="$FAKE_CUPTI" PSSHIM_STATS="$tmp/pool.json" PSSHIM_POLICY=auto PSSHIM_GPU_BUDGET=32M \
+    PSSHIM_HOST_BUDGET=1G TRAIN_SIM_POOL=1 "$prog" 150 8 2 >/dev/null || fail "run with pooled activations"
+  python3 - "$tmp/pool.json" <<'PY' || fail "a loop that allocates nothing got no period"
+import json, sys
+s = json.load(open(sys.argv[1]))
+print(f"steps allocating nothing: period {s['period']}, iterations {s['iterations']}, plans {s['plans']}")
+sys.exit(0 if s["period"] == 40 and s["iterations"] >= 100 and s["plans"] > 0 else 1)
+PY
+  # Device memory the program makes itself (cuMemCreate, as XLA's allocator may) is outside
+  # the budget: one line says so, once; the run without it says nothing.
+  for own in 0 3072; do
+    FAKECUDA_DEVICE_MEM=4G under_psshim PSSHIM_CUPTI="$FAKE_CUPTI" PSSHIM_POLICY=auto PSSHIM_GPU_BUDGET=32M \
+      PSSHIM_HOST_BUDGET=1G TRAIN_SIM_POOL=1 TRAIN_SIM_UNMANAGED_MIB=$own "$prog" 60 8 2 >/dev/null 2>"$tmp/own.err" ||
+      fail "run with $own MiB of its own device memory: $(cat "$tmp/own.err")"
+    said=$(grep -c "of the device's memory in use is not psshim's" "$tmp/own.err")
+    echo "$own MiB of the program's own device memory: said $said times"
+    [ "$said" = "$((own > 0))" ] || fail "memory psshim does not manage ($own MiB) said $said times: $(cat "$tmp/own.err")"
+  done
   ;;
 replay)
   # A real torch run's trace (tests/data/gpt_small.trace: a small GPT, 30 steps, bf16

@@ -6,7 +6,10 @@
  * LD_PRELOAD=libpsshim.so with a GPU budget below its peak, it must finish with the same
  * checksums as without psshim. Prints one summary line; exits non-zero on a mismatch.
  * TRAIN_SIM_KEEP=1 keeps each step's first activation to the end (a loop whose memory
- * grows every step, as a forward pass's layers keep theirs). TRAIN_SIM_STATS=FILE writes
+ * grows every step, as a forward pass's layers keep theirs). TRAIN_SIM_POOL=1 allocates the
+ * activations once and reuses them every step, as a pooling allocator (CuPy's, XLA's) does:
+ * the steps allocate nothing. TRAIN_SIM_UNMANAGED_MIB=N makes N MiB of device memory with the
+ * driver's own cuMemCreate first, which psshim does not serve (as XLA's allocator may). TRAIN_SIM_STATS=FILE writes
  * psshim_stats_json's answer there after the last free. TRAIN_SIM_FAIL_COPIES=1 has the test
  * driver refuse every asynchronous copy during odd steps (the loop makes none itself: the
  * pager's moves fail), so the values must survive moves that fail halfway.
@@ -77,13 +80,24 @@ int main(int argc, char **argv)
   }
   bool keep = getenv("TRAIN_SIM_KEEP") && atoi(getenv("TRAIN_SIM_KEEP"));
   bool fail_copies = getenv("TRAIN_SIM_FAIL_COPIES") && atoi(getenv("TRAIN_SIM_FAIL_COPIES"));
+  bool pool = getenv("TRAIN_SIM_POOL") && atoi(getenv("TRAIN_SIM_POOL"));
+  size_t unmanaged = getenv("TRAIN_SIM_UNMANAGED_MIB") ? strtoull(getenv("TRAIN_SIM_UNMANAGED_MIB"), NULL, 10) << 20 : 0;
+  CUmemGenericAllocationHandle own = 0;
+  CUmemAllocationProp own_prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                  .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+  if (unmanaged && cuMemCreate(&own, unmanaged, &own_prop, 0) != CUDA_SUCCESS) {
+    fprintf(stderr, "train_sim: cuMemCreate of %zu MiB failed\n", unmanaged >> 20);
+    return 1;
+  }
   uint64_t bad = 0, sum = 0;
-  uint32_t **kept = calloc((size_t)steps, sizeof *kept);
+  uint32_t **kept = calloc((size_t)steps, sizeof *kept), **act = calloc((size_t)layers, sizeof *act);
+  for (int l = 0; pool && l < layers; l++)
+    check(cudaMalloc((void **)&act[l], layer_bytes), "cudaMalloc");
   for (int step = 0; step < steps; step++) {
     fakecuda_fail_async_copies(fail_copies && step % 2);
-    uint32_t **act = calloc((size_t)layers, sizeof *act);
     for (int l = 0; l < layers; l++) {
-      check(cudaMallocAsync((void **)&act[l], layer_bytes, s), "cudaMallocAsync");
+      if (!pool)
+        check(cudaMallocAsync((void **)&act[l], layer_bytes, s), "cudaMallocAsync");
       uint64_t st = (uint64_t)step;
       void *fp[] = {&param[l], &act[l], &n, &st};
       launch(forward_kernel, fp, s);
@@ -95,7 +109,7 @@ int main(int argc, char **argv)
       launch(update_kernel, up, s);
       if (keep && l == 0)
         kept[step] = act[l];
-      else
+      else if (!pool)
         check(cudaFreeAsync(act[l], s), "cudaFreeAsync");
       for (uint64_t i = 0; i < n; i++) { /* the same arithmetic on the host */
         uint32_t *p = &expect_p[(uint64_t)l * n + i];
@@ -103,7 +117,6 @@ int main(int argc, char **argv)
         expect_s[(uint64_t)l * n + i] ^= *p;
       }
     }
-    free(act);
     check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
     fakecuda_fail_async_copies(false);
     uint64_t step_sum = 0; /* the last step's sum is the checksum printed */
@@ -114,6 +127,11 @@ int main(int argc, char **argv)
     if (kept[step])
       check(cudaFree(kept[step]), "cudaFree");
   free(kept);
+  for (int l = 0; pool && l < layers; l++)
+    check(cudaFree(act[l]), "cudaFree");
+  free(act);
+  if (own)
+    cuMemRelease(own);
   for (int l = 0; l < layers; l++) {
     check(cudaFree(param[l]), "cudaFree");
     check(cudaFree(state[l]), "cudaFree");
