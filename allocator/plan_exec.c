@@ -17,7 +17,7 @@
  * was made anew between them; a span reused in place for new data is not seen, so freed
  * and reallocated activations may count as data to copy, and the plan's predicted bytes are
  * an upper bound of what moves copy (only live ranges are copied). */
-#include "allocator/allocator_internal.h"
+#include "allocator/paging.h"
 
 #include <stdlib.h>
 #include <string.h>

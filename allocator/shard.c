@@ -38,7 +38,7 @@
  *
  * Not built: the collective write-back that data a step writes (parameters, optimizer
  * state) would need; checksums on the GPU. Only the first device of a rank shares. */
-#include "allocator/allocator_internal.h"
+#include "allocator/sharing.h"
 #include "comm/comm.h"
 
 #include <stdlib.h>
@@ -159,7 +159,7 @@ static bool quiet(const struct chunk *c) { return !c->span->in_flight && !c->mov
 /* Untouched for an iteration, and quiet. */
 static bool idle(const struct device *d, const struct chunk *c, uint64_t period)
 {
-  return d->pager.clock - c->last_use >= period && quiet(c);
+  return d->space.clock - c->last_use >= period && quiet(c);
 }
 
 /* A chunk this rank may offer: in a host frame of its own, in a span allocated into no
@@ -173,7 +173,7 @@ static bool candidate(struct device *d, uint64_t chunk, uint64_t period)
   const struct rewritten *w = &d->shard->rewritten[chunk];
   return c->frame != PSA_NO_FRAME && c->frame != psa_shared_frame(d) && d->fr.frames[c->frame].where == PSA_HOST &&
          c->span && !c->span->building && !c->span->exported && c->span->live_allocs &&
-         d->pager.clock - c->span->last_alloc >= period &&
+         d->space.clock - c->span->last_alloc >= period &&
          quiet(c) && !(w->span == c->span && w->last_alloc == c->span->last_alloc);
 }
 
@@ -391,7 +391,7 @@ static void gather_used(struct device *d, uint64_t period)
   for (uint64_t i = 0; i < d->nchunks; i++) {
     const struct chunk *c = &d->chunks[i];
     st->sums[i] = !st->comm_failed && c->frame == psa_shared_frame(d) &&
-                  psp_predict_next(d->uses[i].at, PSA_USES, d->pager.clock, period) != PSP_NEVER;
+                  psp_predict_next(d->uses[i].at, PSA_USES, d->space.clock, period) != PSP_NEVER;
     wanted += st->sums[i];
   }
   if (!psc_agree_checksums(st->sums, d->nchunks, st->agree)) {
@@ -401,7 +401,7 @@ static void gather_used(struct device *d, uint64_t period)
   for (uint64_t i = 0; i < d->nchunks; i++)
     if (st->agree[i] && d->chunks[i].span) { /* taking a frame may drop the lock: the span may go */
       st->gather_frame[i] =
-          psa_frame_for(d, period, psp_predict_next(d->uses[i].at, PSA_USES, d->pager.clock, period));
+          psa_frame_for(d, period, psp_predict_next(d->uses[i].at, PSA_USES, d->space.clock, period));
       if (st->gather_frame[i] == PSA_NO_FRAME)
         break; /* no frame: the others are not tried (each try scans every chunk) */
     }
@@ -714,4 +714,12 @@ void psa_shard_stop(void)
     else if (d->shard->paged_in[i])
       let_go(d, i);
   pthread_mutex_unlock(&d->lock);
+}
+
+void psa_sharing_wire(void)
+{
+  psa_space_hooks.shared_drop = psa_shard_drop;
+  psa_move_hooks.shared_leave = psa_shard_leave;
+  psa_paging_hooks.unshare = psa_unshare;
+  psa_paging_hooks.stop_sharing = psa_shard_stop;
 }

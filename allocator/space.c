@@ -1,5 +1,5 @@
 /* Per-device set-up: budgets, the address reservation, chunk slots, mapping. */
-#include "allocator/allocator_internal.h"
+#include "allocator/space.h"
 #include "comm/comm.h"
 #include "tracer/tracer.h"
 
@@ -15,6 +15,7 @@ _Atomic uint64_t psa_space_lo[PSA_MAX_DEVICES], psa_space_hi[PSA_MAX_DEVICES];
 static _Atomic uint64_t hull_lo = UINT64_MAX, hull_hi;
 static _Atomic int devices_hi; /* one past the highest ordinal set up */
 _Atomic bool psa_allocs_agree;
+struct psa_space_hooks psa_space_hooks;
 static pthread_mutex_t setup_lock = PTHREAD_MUTEX_INITIALIZER;
 
 #define GiB (1024ull * 1024 * 1024)
@@ -207,19 +208,13 @@ static bool setup(struct device *d, int ordinal)
   d->chunks = calloc(d->nchunks, sizeof *d->chunks);
   d->uses = calloc(d->nchunks, sizeof *d->uses);
   d->fr.frames = calloc(d->max_frames + 2, sizeof *d->fr.frames); /* and psa_shared_frame */
-  d->pager.cands = calloc(2 * d->nchunks, sizeof *d->pager.cands); /* fetches, then victims */
-  if (ps_options.policy != PS_POLICY_STATIC)
-    d->pager.recent = calloc(psa_hold_slots(ps_options.runahead), sizeof *d->pager.recent);
-  if (!d->chunks || !d->uses || !d->fr.frames || !d->pager.cands || (ps_options.policy != PS_POLICY_STATIC && !d->pager.recent)) {
+  if (!d->chunks || !d->uses || !d->fr.frames || (psa_space_hooks.setup && !psa_space_hooks.setup(d))) {
     ps_error("out of host memory for chunk tables");
     return false;
   }
   for (uint64_t i = 0; i < d->nchunks; i++)
     d->chunks[i].frame = PSA_NO_FRAME;
   d->fr.frames[psa_shared_frame(d)].where = PSA_HOST;
-  pthread_cond_init(&d->pager.moved, NULL);
-  pthread_mutex_init(&d->mover.mutex, NULL);
-  pthread_cond_init(&d->mover.wake, NULL);
   join_node(d); /* before any host frame is made, so every one is counted node-wide */
   if (PS_CU(psa_frames_init(d)))
     return false;
