@@ -47,9 +47,9 @@
 
 /* Which allocations a chunk held when it was touched after being shared (psshim cannot
  * tell a read from a write): a training step touches every parameter and optimizer chunk,
- * so each would be shared at every round it sat idle and made private at the next step (on
- * the H200 x2, 1064 shares and 1064 unshares in 20 DDP steps, each unshare a copy and a
- * remap). Such a chunk, or one seen to change between two rounds, is not offered again
+ * so each would be shared at every round it sat idle and made private at the next step (in
+ * DDP, a share and an unshare of every such chunk at nearly every step, each unshare a copy
+ * and a remap). Such a chunk, or one seen to change between two rounds, is not offered again
  * while its span holds the same allocations. */
 struct rewritten {
   const struct span *span;
@@ -205,9 +205,9 @@ static uint64_t checksum(struct device *d, struct psa_shard *st, uint64_t chunk)
     h = mix(h, at - lo);
     const unsigned char *p = st->scratch + (at - lo);
     uint64_t n = end - at, i = 0, w, lane[4] = {1, 2, 3, 4};
-    /* Four independent lanes: one chain of multiplies hashed 2.8 GB/s, so a DDP rank's
-     * first round over 46 GiB of host frames took 17 s (bench/results/ddp_run31). Each step is a bijection
-     * of its lane: a difference in one word is never lost within the lane. */
+    /* Four independent lanes: one chain of multiplies hashed too slowly for a DDP rank's
+     * first round over tens of GiB of host frames (seconds). Each step is a bijection of its
+     * lane: a difference in one word is never lost within the lane. */
     for (; i + 32 <= n; i += 32)
       for (int k = 0; k < 4; k++) {
         memcpy(&w, p + i + 8 * k, 8);
@@ -438,8 +438,8 @@ static void gather_used(struct device *d, uint64_t period)
   /* Every rank reaches this with the same chunks: the communicator is made by all at once.
    * NCCL connects the ranks at a communicator's first collective (NCCL_RUNTIME_CONNECT
    * defaults to 1), so one all-gather into the first frame (overwritten below) belongs to
-   * the making. The making is timed apart: it happens once, and would hide the gathers'
-   * rate (bench/results/shard_run29: 7 chunks in 1.4 s). */
+   * the making. The making is timed apart: it happens once, and takes long enough to hide
+   * the gathers' rate. */
   uint64_t start = psa_now_ns();
   bool gathered = st->comm_ready, copied = true;
   if (!gathered && (gathered = st->comm_ready = psc_comm_init(ps_driver.cuStreamQuery))) {

@@ -100,7 +100,7 @@ static bool budgets(struct device *d)
     host = ps_options.host_budget;
   } else {
     /* 75% by default: the program keeps a quarter; FSDP2's and DeepSpeed's offloads pin
-     * all of their host state with no cap at all (bench/results/model_scale_*). */
+     * all of their host state with no cap at all. */
     host = (uint64_t)((double)ram * (ps_options.host_budget_frac > 0 ? ps_options.host_budget_frac : 0.75));
   }
   d->fr.gpu_limit = gpu / chunk;
@@ -116,14 +116,10 @@ static bool budgets(struct device *d)
 
 /* Without PSSHIM_CHUNK_SIZE: 4M, or the node's rank count times the granularity where that
  * is larger (so that every rank holds a mappable piece of a shared chunk). A tensor larger
- * than a chunk leaves its last chunk's tail to smaller tensors; on the 2.68B GPT at 1.25x
- * the budget, 16M chunks were 91.6% full at the peak and 4M ones 96.4%, so the fused AdamW
- * read 9.9 GiB of host frames in place instead of 12.6, and the step took 0.668 s instead
- * of 0.707 (bench/results/study_run35.json; 2M: 96.5%, 0.686 s). At 3x the budget 16M was
- * faster, before the pager paged the iteration's own allocations (1.52 against 1.94 s,
- * paging_sweep_gpt2.7b_run38_16M.json and _run37.json) and after (1.520 against 1.696 s,
- * study_run46.json and paging_sweep_gpt2.7b_run44.json), but not with launch state per span
- * (1.702 against 1.664 s, chunk16_ab_2026-12-02_97c2573/); with it per chunk, not measured. */
+ * than a chunk leaves its last chunk's tail to smaller tensors: just over budget, 4M chunks
+ * were fuller at the peak than 16M ones, so less was read in place from host frames and
+ * steps were faster (2M: no better). Far over budget 16M chunks were faster while launch
+ * state was kept per span, but not once it was; with it per chunk, not measured. */
 #define PSA_DEFAULT_CHUNK (4ull << 20)
 
 static bool settle_chunk_size(struct device *d)

@@ -405,7 +405,7 @@ struct span *psa_span_new(struct device *d, uint64_t nchunks)
 }
 
 /* A tensor larger than a chunk leaves the free tail of its span's last chunk to smaller
- * tensors, and models have few of those: on the 2.68B GPT a tenth of the chunk bytes held
+ * tensors, and models have few of those: on a large GPT a tenth of the chunk bytes held
  * nothing. So a tensor may instead start in the free tail of the span that took the
  * allocation just before it, growing that span into the unreserved chunks after it, when
  * that takes fewer new chunks than a span of its own: tensors made one after another (a
