@@ -118,8 +118,8 @@ static bool budgets(struct device *d)
  * is larger (so that every rank holds a mappable piece of a shared chunk). A tensor larger
  * than a chunk leaves its last chunk's tail to smaller tensors: just over budget, 4M chunks
  * were fuller at the peak than 16M ones, so less was read in place from host frames and
- * steps were faster (2M: no better). Far over budget 16M chunks were faster while launch
- * state was kept per span, but not once it was; with it per chunk, not measured. */
+ * steps were faster (2M: no better). Far over budget 16M chunks were faster until launch
+ * state was kept per span, then no longer; with it per chunk, not measured. */
 #define PSA_DEFAULT_CHUNK (4ull << 20)
 
 static bool settle_chunk_size(struct device *d)
