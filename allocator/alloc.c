@@ -14,6 +14,22 @@ void psa_live_now(uint64_t *live_bytes, uint64_t *allocs)
   *allocs = atomic_load_explicit(&allocs_all, memory_order_relaxed);
 }
 
+/* The floors' hooks (space.h) are registered before the first device is set up, and so
+ * before any is called: each is called on a ready device, or from an observed launch, and
+ * launches are observed only once a device is (psa_on_first_device). */
+static void wire_floors(void)
+{
+  psa_paging_wire();
+  psa_sharing_wire();
+}
+
+static struct device *device_get(int ordinal)
+{
+  static pthread_once_t wired = PTHREAD_ONCE_INIT;
+  pthread_once(&wired, wire_floors);
+  return psa_device_get(ordinal);
+}
+
 static struct device *device_of(CUdeviceptr p)
 {
   int ordinal;
@@ -47,7 +63,7 @@ static struct span *carve_in(struct device *d, enum psa_where w, uint64_t size, 
   return best;
 }
 
-/* Whether a GPU frame is free or can be made, by paging out (psa_room_by_age) if need be:
+/* Whether a GPU frame is free or can be made, by paging out (psa_room_frame) if need be:
  * then that frame is free. Where room by age is wanted but nothing can leave the GPU, the
  * allocation goes into room in host spans as static placement puts it, not into a new span
  * of host frames (the test driver's demo held 64 host frames where 36 hold what does not
@@ -56,9 +72,7 @@ static bool gpu_frame_coming(struct device *d)
 {
   if (psa_gpu_frame_available(d))
     return true;
-  if (!psa_room_by_age(d))
-    return false;
-  uint32_t f = psa_frame_by_age(d);
+  uint32_t f = psa_room_frame(d);
   if (f == PSA_NO_FRAME)
     return false;
   psa_frame_give(d, f); /* for the span below to take */
@@ -93,7 +107,7 @@ CUresult psa_alloc(int ordinal, size_t size, CUstream stream, CUdeviceptr *p)
   uint64_t capture = psa_stream_capture(stream);
   struct psa_relaxed relaxed PSA_RELAXED_SCOPE = psa_relax(capture || psa_capture_underway());
   psa_placing_capture(capture);
-  struct device *d = psa_device_get(ordinal);
+  struct device *d = device_get(ordinal);
   if (!d) /* a device refused by the configuration fails the call; any other failure passes it on */
     return ordinal >= 0 && ordinal < PSA_MAX_DEVICES && psa_devices[ordinal].refused ? CUDA_ERROR_INVALID_VALUE
                                                                                      : CUDA_ERROR_NOT_SUPPORTED;
@@ -125,7 +139,7 @@ CUresult psa_alloc(int ordinal, size_t size, CUstream stream, CUdeviceptr *p)
   s->live_bytes += asize;
   s->live_allocs++;
   d->space.last_span = s;
-  s->last_alloc = d->pager.clock;
+  s->last_alloc = d->space.clock;
   psa_digest_alloc(d, asize);
   d->stats.allocs++;
   d->stats.live_bytes += asize;
@@ -219,7 +233,7 @@ CUresult psa_free(CUdeviceptr p, CUstream stream, bool sync)
 void psa_mem_info(int ordinal, size_t *free_bytes, size_t *total_bytes)
 {
   *free_bytes = *total_bytes = 0;
-  struct device *d = psa_device_get(ordinal);
+  struct device *d = device_get(ordinal);
   if (!d)
     return;
   pthread_mutex_lock(&d->lock);

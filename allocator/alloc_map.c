@@ -1,6 +1,6 @@
 /* Live allocations by address: open addressing with linear probing. Keys are 512-byte
  * aligned, so the address shifted right is a good enough hash after mixing. */
-#include "allocator/allocator_internal.h"
+#include "allocator/space.h"
 
 #include <stdlib.h>
 

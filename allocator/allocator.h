@@ -109,7 +109,7 @@ void psa_usage_reset_high(int ordinal, bool reserved, bool used);
  *   (Belady); swaps passed over as not paying (psp_swap_pays); the margin kept for
  *   short-lived allocations, in frames;
  * - touches: observed chunk touches served from each kind of frame (auto);
- * - host time of the mover (the thread that pages, pager.c): planning (moves included),
+ * - host time of the mover (the thread that pages, mover.c): planning (moves included),
  *   moving (remapping, queueing copies), remapping alone, a plan's survey of the chunks,
  *   polling moves in flight before a plan; waiting for the frame pool to make a frame,
  *   making frames (allocating threads too); the launching threads holding back to

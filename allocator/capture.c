@@ -19,7 +19,7 @@
  *   graph may be replayed at any time (psshim does not follow graphs to their destruction).
  * Captures are counted by the doors that begin and end them (shim/); a capture begun where
  * psshim has no door still shows on the stream of each allocation and free. */
-#include "allocator/allocator_internal.h"
+#include "allocator/space.h"
 
 static _Atomic int captures; /* begun minus ended, through the doors */
 

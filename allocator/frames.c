@@ -2,7 +2,7 @@
  * with cuMemCreate and kept for reuse (making them is slow: ~30 us on the GPU, ~20 ms per
  * 64 MiB on the host). Host frames are made ahead by a pool thread once GPU frames run
  * low, so spilling past the GPU budget does not stall the allocating thread. */
-#include "allocator/allocator_internal.h"
+#include "allocator/space.h"
 #include "comm/comm.h"
 
 static uint32_t *free_list(struct device *d, enum psa_where w) { return w == PSA_GPU ? &d->fr.free_gpu : &d->fr.free_host; }

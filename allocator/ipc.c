@@ -14,7 +14,7 @@
  * into a reservation of their own, outside the chunk space (nothing of this process's
  * paging touches them), readable and writable by the calling thread's device. Close
  * unmaps and frees that range. The frames live while either process maps them. */
-#include "allocator/allocator_internal.h"
+#include "allocator/sharing.h"
 #include "comm/comm.h"
 
 #include <stdlib.h>
@@ -74,7 +74,7 @@ static struct alloc_entry *pin(struct device *d, CUdeviceptr p)
     for (i = first; i < first + n; i++) {
       struct chunk *c = &d->chunks[i];
       if (c->moving) {
-        pthread_cond_wait(&d->pager.moved, &d->lock);
+        pthread_cond_wait(&d->moves->moved, &d->lock);
         break;
       }
       if (c->frame == psa_shared_frame(d) && unshared != i) {

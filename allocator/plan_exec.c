@@ -17,12 +17,12 @@
  * was made anew between them; a span reused in place for new data is not seen, so freed
  * and reallocated activations may count as data to copy, and the plan's predicted bytes are
  * an upper bound of what moves copy (only live ranges are copied). */
-#include "allocator/allocator_internal.h"
+#include "allocator/paging.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-/* The H200 over PCIe 5 (shared/DESIGN.md): copies each direction alone, both at once. */
+/* Pinned copies over PCIe 5 x16 as measured: each direction alone, both at once. */
 static const double H2D = 55.4e9, D2H = 55.3e9, BOTH = 96.4e9;
 #define DEFAULT_MOMENT_NS 10000 /* a moment's duration when no launch times were seen */
 #define OUTLIER 16              /* a moment lasts at most 16 times the median (a stall, a print) */

@@ -11,7 +11,7 @@
  * allocated), so every rank counts every boundary alike: a meeting is collective. None is
  * held while a stream captures (its device synchronization would break the capture): the
  * boundaries wait for the next allocation after it. */
-#include "allocator/allocator_internal.h"
+#include "allocator/sharing.h"
 #include "comm/comm.h"
 
 static _Atomic uint64_t pending, latest_period; /* boundaries met and not yet taken */

@@ -38,7 +38,7 @@
  *
  * Not built: the collective write-back that data a step writes (parameters, optimizer
  * state) would need; checksums on the GPU. Only the first device of a rank shares. */
-#include "allocator/allocator_internal.h"
+#include "allocator/sharing.h"
 #include "comm/comm.h"
 
 #include <stdlib.h>
@@ -47,9 +47,9 @@
 
 /* Which allocations a chunk held when it was touched after being shared (psshim cannot
  * tell a read from a write): a training step touches every parameter and optimizer chunk,
- * so each would be shared at every round it sat idle and made private at the next step (on
- * the H200 x2, 1064 shares and 1064 unshares in 20 DDP steps, each unshare a copy and a
- * remap). Such a chunk, or one seen to change between two rounds, is not offered again
+ * so each would be shared at every round it sat idle and made private at the next step (in
+ * DDP, a share and an unshare of every such chunk at nearly every step, each unshare a copy
+ * and a remap). Such a chunk, or one seen to change between two rounds, is not offered again
  * while its span holds the same allocations. */
 struct rewritten {
   const struct span *span;
@@ -159,7 +159,7 @@ static bool quiet(const struct chunk *c) { return !c->span->in_flight && !c->mov
 /* Untouched for an iteration, and quiet. */
 static bool idle(const struct device *d, const struct chunk *c, uint64_t period)
 {
-  return d->pager.clock - c->last_use >= period && quiet(c);
+  return d->space.clock - c->last_use >= period && quiet(c);
 }
 
 /* A chunk this rank may offer: in a host frame of its own, in a span allocated into no
@@ -173,7 +173,7 @@ static bool candidate(struct device *d, uint64_t chunk, uint64_t period)
   const struct rewritten *w = &d->shard->rewritten[chunk];
   return c->frame != PSA_NO_FRAME && c->frame != psa_shared_frame(d) && d->fr.frames[c->frame].where == PSA_HOST &&
          c->span && !c->span->building && !c->span->exported && c->span->live_allocs &&
-         d->pager.clock - c->span->last_alloc >= period &&
+         d->space.clock - c->span->last_alloc >= period &&
          quiet(c) && !(w->span == c->span && w->last_alloc == c->span->last_alloc);
 }
 
@@ -205,9 +205,9 @@ static uint64_t checksum(struct device *d, struct psa_shard *st, uint64_t chunk)
     h = mix(h, at - lo);
     const unsigned char *p = st->scratch + (at - lo);
     uint64_t n = end - at, i = 0, w, lane[4] = {1, 2, 3, 4};
-    /* Four independent lanes: one chain of multiplies hashed 2.8 GB/s, so a DDP rank's
-     * first round over 46 GiB of host frames took 17 s (bench/results/ddp_run31). Each step is a bijection
-     * of its lane: a difference in one word is never lost within the lane. */
+    /* Four independent lanes: one chain of multiplies hashed too slowly for a DDP rank's
+     * first round over tens of GiB of host frames (seconds). Each step is a bijection of its
+     * lane: a difference in one word is never lost within the lane. */
     for (; i + 32 <= n; i += 32)
       for (int k = 0; k < 4; k++) {
         memcpy(&w, p + i + 8 * k, 8);
@@ -391,7 +391,7 @@ static void gather_used(struct device *d, uint64_t period)
   for (uint64_t i = 0; i < d->nchunks; i++) {
     const struct chunk *c = &d->chunks[i];
     st->sums[i] = !st->comm_failed && c->frame == psa_shared_frame(d) &&
-                  psp_predict_next(d->uses[i].at, PSA_USES, d->pager.clock, period) != PSP_NEVER;
+                  psp_predict_next(d->uses[i].at, PSA_USES, d->space.clock, period) != PSP_NEVER;
     wanted += st->sums[i];
   }
   if (!psc_agree_checksums(st->sums, d->nchunks, st->agree)) {
@@ -401,7 +401,7 @@ static void gather_used(struct device *d, uint64_t period)
   for (uint64_t i = 0; i < d->nchunks; i++)
     if (st->agree[i] && d->chunks[i].span) { /* taking a frame may drop the lock: the span may go */
       st->gather_frame[i] =
-          psa_frame_for(d, period, psp_predict_next(d->uses[i].at, PSA_USES, d->pager.clock, period));
+          psa_frame_for(d, period, psp_predict_next(d->uses[i].at, PSA_USES, d->space.clock, period));
       if (st->gather_frame[i] == PSA_NO_FRAME)
         break; /* no frame: the others are not tried (each try scans every chunk) */
     }
@@ -438,8 +438,8 @@ static void gather_used(struct device *d, uint64_t period)
   /* Every rank reaches this with the same chunks: the communicator is made by all at once.
    * NCCL connects the ranks at a communicator's first collective (NCCL_RUNTIME_CONNECT
    * defaults to 1), so one all-gather into the first frame (overwritten below) belongs to
-   * the making. The making is timed apart: it happens once, and would hide the gathers'
-   * rate (bench/results/shard_run29: 7 chunks in 1.4 s). */
+   * the making. The making is timed apart: it happens once, and takes long enough to hide
+   * the gathers' rate. */
   uint64_t start = psa_now_ns();
   bool gathered = st->comm_ready, copied = true;
   if (!gathered && (gathered = st->comm_ready = psc_comm_init(ps_driver.cuStreamQuery))) {
@@ -714,4 +714,12 @@ void psa_shard_stop(void)
     else if (d->shard->paged_in[i])
       let_go(d, i);
   pthread_mutex_unlock(&d->lock);
+}
+
+void psa_sharing_wire(void)
+{
+  psa_space_hooks.shared_drop = psa_shard_drop;
+  psa_move_hooks.shared_leave = psa_shard_leave;
+  psa_paging_hooks.unshare = psa_unshare;
+  psa_paging_hooks.stop_sharing = psa_shard_stop;
 }

@@ -1,5 +1,5 @@
 /* Per-device set-up: budgets, the address reservation, chunk slots, mapping. */
-#include "allocator/allocator_internal.h"
+#include "allocator/space.h"
 #include "comm/comm.h"
 #include "tracer/tracer.h"
 
@@ -15,6 +15,7 @@ _Atomic uint64_t psa_space_lo[PSA_MAX_DEVICES], psa_space_hi[PSA_MAX_DEVICES];
 static _Atomic uint64_t hull_lo = UINT64_MAX, hull_hi;
 static _Atomic int devices_hi; /* one past the highest ordinal set up */
 _Atomic bool psa_allocs_agree;
+struct psa_space_hooks psa_space_hooks;
 static pthread_mutex_t setup_lock = PTHREAD_MUTEX_INITIALIZER;
 
 #define GiB (1024ull * 1024 * 1024)
@@ -99,7 +100,7 @@ static bool budgets(struct device *d)
     host = ps_options.host_budget;
   } else {
     /* 75% by default: the program keeps a quarter; FSDP2's and DeepSpeed's offloads pin
-     * all of their host state with no cap at all (bench/results/model_scale_*). */
+     * all of their host state with no cap at all. */
     host = (uint64_t)((double)ram * (ps_options.host_budget_frac > 0 ? ps_options.host_budget_frac : 0.75));
   }
   d->fr.gpu_limit = gpu / chunk;
@@ -115,14 +116,10 @@ static bool budgets(struct device *d)
 
 /* Without PSSHIM_CHUNK_SIZE: 4M, or the node's rank count times the granularity where that
  * is larger (so that every rank holds a mappable piece of a shared chunk). A tensor larger
- * than a chunk leaves its last chunk's tail to smaller tensors; on the 2.68B GPT at 1.25x
- * the budget, 16M chunks were 91.6% full at the peak and 4M ones 96.4%, so the fused AdamW
- * read 9.9 GiB of host frames in place instead of 12.6, and the step took 0.668 s instead
- * of 0.707 (bench/results/study_run35.json; 2M: 96.5%, 0.686 s). At 3x the budget 16M was
- * faster, before the pager paged the iteration's own allocations (1.52 against 1.94 s,
- * paging_sweep_gpt2.7b_run38_16M.json and _run37.json) and after (1.520 against 1.696 s,
- * study_run46.json and paging_sweep_gpt2.7b_run44.json), but not with launch state per span
- * (1.702 against 1.664 s, chunk16_ab_2026-12-02_97c2573/); with it per chunk, not measured. */
+ * than a chunk leaves its last chunk's tail to smaller tensors: just over budget, 4M chunks
+ * were fuller at the peak than 16M ones, so less was read in place from host frames and
+ * steps were faster (2M: no better). Far over budget 16M chunks were faster until launch
+ * state was kept per span, then no longer; with it per chunk, not measured. */
 #define PSA_DEFAULT_CHUNK (4ull << 20)
 
 static bool settle_chunk_size(struct device *d)
@@ -207,19 +204,13 @@ static bool setup(struct device *d, int ordinal)
   d->chunks = calloc(d->nchunks, sizeof *d->chunks);
   d->uses = calloc(d->nchunks, sizeof *d->uses);
   d->fr.frames = calloc(d->max_frames + 2, sizeof *d->fr.frames); /* and psa_shared_frame */
-  d->pager.cands = calloc(2 * d->nchunks, sizeof *d->pager.cands); /* fetches, then victims */
-  if (ps_options.policy != PS_POLICY_STATIC)
-    d->pager.recent = calloc(psa_hold_slots(ps_options.runahead), sizeof *d->pager.recent);
-  if (!d->chunks || !d->uses || !d->fr.frames || !d->pager.cands || (ps_options.policy != PS_POLICY_STATIC && !d->pager.recent)) {
+  if (!d->chunks || !d->uses || !d->fr.frames || (psa_space_hooks.setup && !psa_space_hooks.setup(d))) {
     ps_error("out of host memory for chunk tables");
     return false;
   }
   for (uint64_t i = 0; i < d->nchunks; i++)
     d->chunks[i].frame = PSA_NO_FRAME;
   d->fr.frames[psa_shared_frame(d)].where = PSA_HOST;
-  pthread_cond_init(&d->pager.moved, NULL);
-  pthread_mutex_init(&d->mover.mutex, NULL);
-  pthread_cond_init(&d->mover.wake, NULL);
   join_node(d); /* before any host frame is made, so every one is counted node-wide */
   if (PS_CU(psa_frames_init(d)))
     return false;

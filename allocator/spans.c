@@ -2,7 +2,7 @@
  * tensors sub-allocated inside by first fit over sorted free ranges. A range freed on a
  * stream stays "pending" on that stream (reusable by that stream at once, since later work
  * there runs after the free) until an event shows the stream has passed the free. */
-#include "allocator/allocator_internal.h"
+#include "allocator/space.h"
 #include "tracer/tracer.h"
 
 #include <stdlib.h>
@@ -257,7 +257,8 @@ static void unmap_chunks(struct device *d, uint64_t first, uint64_t n)
     if (c->frame == PSA_NO_FRAME)
       continue;
     if (c->frame == psa_shared_frame(d)) {
-      psa_shard_drop(d, i);
+      if (psa_space_hooks.shared_drop)
+        psa_space_hooks.shared_drop(d, i);
     } else {
       PS_CU(ps_driver.cuMemUnmap(d->base + i * d->chunk_size, d->chunk_size));
       psa_frame_give(d, c->frame);
@@ -324,7 +325,7 @@ uint32_t psa_host_frame(struct device *d)
 }
 
 /* GPU frames first (free, made, taken back from idle spans, or made by paging out:
- * psa_room_by_age), then host frames. Drops d->lock. */
+ * psa_space_hooks.gpu_room), then host frames. Drops d->lock. */
 static uint32_t frame_for_chunk(struct device *d)
 {
   static const enum psa_where order[] = {PSA_GPU, PSA_HOST};
@@ -336,7 +337,7 @@ static uint32_t frame_for_chunk(struct device *d)
       if (!reclaim_one(d, order[k]))
         break;
     }
-    uint32_t f = order[k] == PSA_GPU && psa_room_by_age(d) ? psa_frame_by_age(d) : PSA_NO_FRAME;
+    uint32_t f = order[k] == PSA_GPU && psa_space_hooks.gpu_room ? psa_space_hooks.gpu_room(d) : PSA_NO_FRAME;
     if (f != PSA_NO_FRAME)
       return f;
   }
@@ -389,7 +390,7 @@ struct span *psa_span_new(struct device *d, uint64_t nchunks)
   s->first_chunk = first;
   s->nchunks = nchunks;
   s->building = true;
-  s->last_alloc = d->pager.clock;
+  s->last_alloc = d->space.clock;
   if (!add_chunks(d, s, first, nchunks)) {
     free(s->ranges);
     free(s);
@@ -404,14 +405,14 @@ struct span *psa_span_new(struct device *d, uint64_t nchunks)
 }
 
 /* A tensor larger than a chunk leaves the free tail of its span's last chunk to smaller
- * tensors, and models have few of those: on the 2.68B GPT a tenth of the chunk bytes held
+ * tensors, and models have few of those: on a large GPT a tenth of the chunk bytes held
  * nothing. So a tensor may instead start in the free tail of the span that took the
  * allocation just before it, growing that span into the unreserved chunks after it, when
  * that takes fewer new chunks than a span of its own: tensors made one after another (a
  * model's parameters, its optimizer state) lie back to back. Only that span: growing any
  * span with a free tail mixed lifetimes, so, we think, spans seldom emptied and their
- * frames could not be taken back for the next step's activations (static placement at
- * 1.25x the budget went from 0.67 to 2.3 s a step on the H200). */
+ * frames could not be taken back for the next step's activations (static placement just
+ * over budget ran several times slower). */
 struct span *psa_span_extend(struct device *d, uint64_t size, CUstream stream, uint64_t *off)
 {
   struct span *s = d->space.last_span;

@@ -1,0 +1,126 @@
+/* Marks: points in a stream's work (an event recorded behind a launch or a move's copy),
+ * counted by everything that waits for them to pass. A chunk keeps the marks of the launches
+ * that touched it, one per stream (its users), and the mark of its last move's copy: it may
+ * move, or be reused, only once they have passed. */
+#include "allocator/space.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct psa_mark *psa_mark_new(struct device *d, CUstream s)
+{
+  struct psa_mark *m = d->marks.free;
+  if (m)
+    d->marks.free = m->next_free;
+  else if (!(m = calloc(1, sizeof *m)))
+    return NULL;
+  *m = (struct psa_mark){.event = psa_event_get(d), .stream = s, .refs = 1};
+  if (!m->event || PS_CU(ps_driver.cuEventRecord(m->event, s))) {
+    psa_event_put(d, m->event);
+    m->next_free = d->marks.free;
+    d->marks.free = m;
+    return NULL;
+  }
+  return m;
+}
+
+void psa_mark_put(struct device *d, struct psa_mark *m)
+{
+  if (!m || --m->refs)
+    return;
+  psa_event_put(d, m->event);
+  m->next_free = d->marks.free;
+  d->marks.free = m;
+}
+
+bool psa_mark_passed(struct device *d, struct psa_mark *m, bool sync)
+{
+  if (m->done)
+    return true;
+  d->stats.event_queries += !sync;
+  CUresult r = sync ? ps_driver.cuEventSynchronize(m->event) : ps_driver.cuEventQuery(m->event);
+  if (r == CUDA_ERROR_NOT_READY)
+    return false;
+  if (r != CUDA_SUCCESS && !sync)
+    PS_CU(ps_driver.cuEventSynchronize(m->event)); /* an error: be sure the work is over */
+  m->done = true;
+  return true;
+}
+
+bool psa_users_passed(struct device *d, struct chunk *c, bool sync)
+{
+  for (uint32_t i = 0; i < c->nusers;)
+    if (psa_mark_passed(d, c->users[i], sync)) {
+      psa_mark_put(d, c->users[i]);
+      c->users[i] = c->users[--c->nusers];
+    } else {
+      i++;
+    }
+  return c->nusers == 0;
+}
+
+/* Keeps launch mark m on the chunk. A later mark on the same stream stands for an earlier
+ * one, except on the per-thread default stream, whose handle names a different stream on
+ * every thread. */
+void psa_add_user(struct device *d, struct chunk *c, struct psa_mark *m)
+{
+  for (uint32_t i = 0; i < c->nusers; i++)
+    if (c->users[i]->stream == m->stream && m->stream != CU_STREAM_PER_THREAD) {
+      psa_mark_put(d, c->users[i]);
+      c->users[i] = m;
+      m->refs++;
+      return;
+    }
+  if (c->nusers == PSA_USER_MARKS && !psa_users_passed(d, c, false) && c->nusers == PSA_USER_MARKS) {
+    /* More streams at once than tracked (rare): wait for the oldest. */
+    psa_mark_passed(d, c->users[0], true);
+    psa_users_passed(d, c, false);
+  }
+  c->users[c->nusers++] = m;
+  m->refs++;
+}
+
+/* A span deleted (spans.c) is idle: its frees' events have passed, and with them the work
+ * its chunks' marks stand for. Their uses are forgotten too: the chunks will hold other data. */
+void psa_span_forget_users(struct device *d, struct span *s)
+{
+  for (uint64_t i = s->first_chunk; i < s->first_chunk + s->nchunks; i++) {
+    struct chunk *c = &d->chunks[i];
+    while (c->nusers)
+      psa_mark_put(d, c->users[--c->nusers]);
+    c->use_pos = 0;
+    c->last_use = c->next_use = 0;
+    memset(&d->uses[i], 0, sizeof d->uses[i]);
+  }
+}
+
+/* Waits for the work before mark m with d->lock dropped, so that the device's other
+ * threads go on meanwhile (a launch, or the mover, that wants the lock would wait out a
+ * copy queued behind others); the reference taken keeps m. */
+CUresult psa_mark_wait_unlocked(struct device *d, struct psa_mark *m)
+{
+  m->refs++;
+  pthread_mutex_unlock(&d->lock);
+  CUresult r = ps_driver.cuEventSynchronize(m->event);
+  pthread_mutex_lock(&d->lock);
+  m->done = m->done || r == CUDA_SUCCESS;
+  psa_mark_put(d, m);
+  return r;
+}
+
+bool psa_copy_done(struct device *d, uint64_t chunk, bool sync)
+{
+  struct chunk *c = &d->chunks[chunk];
+  if (!c->copy)
+    return true;
+  if (!psa_mark_passed(d, c->copy, sync))
+    return false;
+  psa_mark_put(d, c->copy);
+  c->copy = NULL;
+  for (uint32_t i = 0; i < d->marks.ncopying; i++)
+    if (d->marks.copying[i] == chunk) {
+      d->marks.copying[i] = d->marks.copying[--d->marks.ncopying];
+      break;
+    }
+  return true;
+}
