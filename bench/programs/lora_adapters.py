@@ -4,7 +4,7 @@ read every step, little is written."""
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from common import Steps, report, seed
+from common import Steps, report, seed, train_lm
 
 
 class Adapter(torch.nn.Module):
@@ -29,14 +29,6 @@ for block in model.transformer.h:
     block.attn.c_attn = Adapter(block.attn.c_attn)
 model = model.cuda()
 opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-g = torch.Generator(device="cuda").manual_seed(1)
 steps = Steps()
-for _ in range(20):
-    ids = torch.randint(0, cfg.vocab_size, (8, 512), device="cuda", generator=g)
-    with steps:
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    steps.loss(loss.item())
+train_lm(model, opt, cfg.vocab_size, (8, 512), 20, steps)
 report(steps)

@@ -48,6 +48,20 @@ def train(forward, opt, shape, n, steps):
         steps.loss(loss.item())
 
 
+def train_lm(model, opt, vocab, shape, n, steps):
+    """n steps of a language model (a transformers model returning .loss) on random tokens
+    of `shape` (batch, sequence) from a generator seeded 1, labels the tokens themselves."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    for _ in range(n):
+        ids = torch.randint(0, vocab, shape, device="cuda", generator=g)
+        with steps:
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        steps.loss(loss.item())
+
+
 def report(steps, **extra):
     warm = steps.times[len(steps.times) // 4:] or steps.times
     out = {"losses": [repr(x) for x in steps.losses], "times": steps.times,
