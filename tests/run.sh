@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every test: a normal build (gcc) and a sanitizer build (clang, ASan+UBSan), each
-# running `meson test` (cmocka unit tests, fake-driver integration tests); the allocator's
+# running `meson test` (cmocka unit tests, fake-driver integration tests; in the sanitizer
+# build also the fuzzers, 20 seconds each, tests/fuzz/README.md); the allocator's
 # tests under ThreadSanitizer; then the unit tests of the allocator, options, policy,
 # tracer and report again under valgrind.
 set -euo pipefail
