@@ -214,7 +214,7 @@ static void pct_edges(const struct option_def *o)
 /* Whole numbers: the range the option states ("from 1 to 60000"), both ends and one past. */
 static void uint_edges(const struct option_def *o)
 {
-  unsigned lo, hi;
+  unsigned lo = 0, hi = 0;
   const char *from = strstr(o->accepts, "from ");
   if (!from || sscanf(from, "from %u to %u", &lo, &hi) != 2)
     fail_msg("%s accepts \"%s\": no \"from A to B\" range to test", o->name, o->accepts);
@@ -235,7 +235,7 @@ static void uint_edges(const struct option_def *o)
 /* Seconds: "more than A and at most B". */
 static void seconds_edges(const struct option_def *o)
 {
-  double lo, hi;
+  double lo = 0, hi = 0;
   const char *more = strstr(o->accepts, "more than ");
   if (!more || sscanf(more, "more than %lf and at most %lf", &lo, &hi) != 2)
     fail_msg("%s accepts \"%s\": no \"more than A and at most B\" range to test", o->name, o->accepts);
