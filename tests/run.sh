@@ -16,7 +16,9 @@ run() { # name, then meson setup options
   meson test -C "$dir" --num-processes "$jobs" --print-errorlogs
 }
 run build
-CC=clang run build-sanitize -Db_sanitize=address,undefined -Db_lundef=false
+# UBSan only prints unless told to stop: undefined behaviour fails the test that ran it.
+CC=clang UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1} \
+  run build-sanitize -Db_sanitize=address,undefined -Db_lundef=false
 # The allocator's threads (workers, copy completion, the pager under several launching
 # threads) under ThreadSanitizer; the other tests preload psshim into programs, which a
 # TSan-built library cannot be.
