@@ -500,8 +500,10 @@ static bool place_moves(pager *p, int64_t *free_bytes)
     if (!m->fetch) continue;
     if (m->lb == INT64_MIN)
       m->lb = last_evict[m->chunk] != INT64_MIN ? last_evict[m->chunk] - P : m->pos - P + 1;
-    int64_t quiet = m->t == P ? m->quiet - P : m->quiet;  /* a fetch at the close: counted from the next start */
-    if (p->lag > 1 && quiet > m->lb) m->lb = quiet < m->pos ? quiet : m->pos;
+    if (p->lag > 1) {  /* below a lag of 2 quiet is INT64_MIN: nothing to bound, nor to shift */
+      int64_t quiet = m->t == P ? m->quiet - P : m->quiet;  /* a fetch at the close: counted from the next start */
+      if (quiet > m->lb) m->lb = quiet < m->pos ? quiet : m->pos;
+    }
     if (m->lb < m->pos - P + 1) m->lb = m->pos - P + 1;  /* within the period before its use */
     if (m->bytes) order[n_fetch++] = (by_use){m->need, m->chunk, i};  /* fresh: a frame at its use suffices */
   }

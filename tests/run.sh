@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every test: a normal build (gcc) and a sanitizer build (clang, ASan+UBSan), each
-# running `meson test` (cmocka unit tests, fake-driver integration tests); the allocator's
+# running `meson test` (cmocka unit tests, fake-driver integration tests; in the sanitizer
+# build also the fuzzers, 20 seconds each, tests/fuzz/README.md); the allocator's
 # tests under ThreadSanitizer; then the unit tests of the allocator, options, policy,
 # tracer and report again under valgrind.
 set -euo pipefail
@@ -15,7 +16,9 @@ run() { # name, then meson setup options
   meson test -C "$dir" --num-processes "$jobs" --print-errorlogs
 }
 run build
-CC=clang run build-sanitize -Db_sanitize=address,undefined -Db_lundef=false
+# UBSan only prints unless told to stop: undefined behaviour fails the test that ran it.
+CC=clang UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1} \
+  run build-sanitize -Db_sanitize=address,undefined -Db_lundef=false
 # The allocator's threads (workers, copy completion, the pager under several launching
 # threads) under ThreadSanitizer; the other tests preload psshim into programs, which a
 # TSan-built library cannot be.

@@ -303,7 +303,8 @@ enum pst_decode_result pst_decode_record(const uint8_t *in, size_t avail, struct
     if (r->launch.n > tail / 8) return PST_DECODE_BAD;
     if (!grow((void **)&s->ptrs, &s->ptrs_cap, r->launch.n, sizeof *s->ptrs))
       return PST_DECODE_BAD;
-    memcpy(s->ptrs, p, (size_t)r->launch.n * 8);
+    if (r->launch.n) /* none: the scratch may not exist yet, and memcpy wants a real pointer */
+      memcpy(s->ptrs, p, (size_t)r->launch.n * 8);
     r->launch.ptrs = s->ptrs;
     break;
   case PST_REC_ITERATION:

@@ -98,6 +98,11 @@ FAKECUDA_API void *fakecuda_stream_view(CUstream s, CUdeviceptr p);
  * the copy a failure path depends on. */
 FAKECUDA_API void fakecuda_fail_async_copies(bool on);
 
+/* What cuGetProcAddress answers for the request from the fake's own table, with no door
+ * or hook in between: the answer a program under psshim must get (psshim's door in its
+ * place where psshim replaces that entry point). */
+FAKECUDA_API CUresult fakecuda_proc_address(const char *symbol, int cuda_version, cuuint64_t flags, void **pfn);
+
 /* Changes the FAKECUDA_*_DELAY_US values at run time (for tests that need several). */
 FAKECUDA_API void fakecuda_set_delays(unsigned copy_us, unsigned event_us, unsigned kernel_us);
 

@@ -46,6 +46,8 @@ CUresult cuEventRecord_ptsz(CUevent, CUstream);
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr *, size_t, CUstream);
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr, CUstream);
 CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream, CUstreamCaptureMode);
+CUresult cuStreamEndCapture_ptsz(CUstream, CUgraph *);
 /* Old (pre-_v2) names the real driver still exports; cuda.h's macros rename them in C,
  * so they are defined under other names and given the old symbol with an asm label.
  * (The _v1 forms taking 32-bit pointers, like the old cuMemAlloc, are not provided.) */

@@ -72,6 +72,9 @@ static const struct proc procs[] = {
     {"cuStreamQuery", 2000, F(cuStreamQuery), F(cuStreamQuery_ptsz)},
     {"cuStreamIsCapturing", 10000, F(cuStreamIsCapturing), F(cuStreamIsCapturing_ptsz)},
     {"cuStreamWaitEvent", 3020, F(cuStreamWaitEvent), F(cuStreamWaitEvent_ptsz)},
+    /* CUDA 10.0's form took no mode: not provided, so 10000 finds nothing. */
+    {"cuStreamBeginCapture", 10010, F(cuStreamBeginCapture_v2), F(cuStreamBeginCapture_v2_ptsz)},
+    {"cuStreamEndCapture", 10000, F(cuStreamEndCapture), F(cuStreamEndCapture_ptsz)},
     {"cuEventCreate", 2000, F(cuEventCreate), NULL},
     {"cuEventDestroy", 2000, F(fc_cuEventDestroy_v1), NULL},
     {"cuEventDestroy", 4000, F(cuEventDestroy_v2), NULL},
@@ -132,4 +135,7 @@ FC_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaV
 }
 FC_EXPORT CUresult fc_cuGetProcAddress_v1(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags) {
   FC_TRACED(cuGetProcAddress, get_proc(symbol, pfn, cudaVersion, flags, NULL), symbol, pfn, cudaVersion, flags);
+}
+FC_EXPORT CUresult fakecuda_proc_address(const char *symbol, int cuda_version, cuuint64_t flags, void **pfn) {
+  return get_proc(symbol, pfn, cuda_version, flags, NULL);
 }

@@ -1,6 +1,7 @@
 /* psshim's doors under LD_PRELOAD on the fake driver: dlsym of exact names only,
- * cuGetProcAddress honouring version and flags, foreign pointers passed through,
- * cudaMemGetInfo answering for psshim's budgets, a forked child passing through, also when
+ * cuGetProcAddress (both forms) answering as the driver's table does at every version and
+ * flag, foreign pointers passed through, cudaMemGetInfo and cuMemGetInfo answering for
+ * psshim's budgets and live bytes exactly, a forked child passing through, also when
  * another thread was inside psshim at the fork.
  * Each check prints its name; any failure exits non-zero naming it. */
 #include <cuda.h>
@@ -20,6 +21,84 @@
 typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
 typedef CUresult (*alloc_async_fn)(CUdeviceptr *, size_t, CUstream);
 typedef CUresult (*proc_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+typedef CUresult (*proc_v1_fn)(const char *, void **, int, cuuint64_t);
+typedef CUresult (*table_fn)(const char *, int, cuuint64_t, void **);
+typedef CUresult (*mem_info_fn)(size_t *, size_t *);
+
+/* What a program under psshim must get for the driver's entry point `real`: the function
+ * its exported name resolves to, which is psshim's door where psshim exports that name
+ * (it is preloaded) and the driver's own otherwise. */
+static void *as_program_sees(void *real)
+{
+  Dl_info info;
+  if (!real || !dladdr(real, &info) || !info.dli_sname)
+    return real;
+  void *by_name = dlsym(RTLD_DEFAULT, info.dli_sname);
+  return by_name ? by_name : real;
+}
+
+/* Both forms of cuGetProcAddress, for names psshim serves and names it does not, at
+ * versions on each side of where entry points changed, with each flag: the same result
+ * and function as the driver's own table gives, door for door. Returns the mismatches. */
+static int proc_mismatches(void *cuda)
+{
+  static const char *const names[] = {
+      "cuMemAlloc", "cuMemFree", "cuMemAllocAsync", "cuMemFreeAsync", "cuMemAllocFromPoolAsync", "cuMemGetInfo",
+      "cuIpcGetMemHandle", "cuIpcOpenMemHandle", "cuIpcCloseMemHandle", "cuGetProcAddress", "cuStreamBeginCapture",
+      "cuStreamEndCapture", "cuEventElapsedTime", "cuStreamDestroy", "cuMemcpyAsync", "cuLaunchKernel", "cuInit",
+      "cuNoSuchThing",
+  };
+  static const int versions[] = {2000, 3020, 4000, 4010, 7000, 10000, 10010, 11000, 11020, 11030, 12000, 12080, 13000};
+  static const cuuint64_t flags[] = {CU_GET_PROC_ADDRESS_DEFAULT, CU_GET_PROC_ADDRESS_LEGACY_STREAM,
+                                     CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM};
+  table_fn table = (table_fn)dlsym(cuda, "fakecuda_proc_address");
+  proc_fn v2 = (proc_fn)dlsym(cuda, "cuGetProcAddress_v2");
+  proc_v1_fn v1 = (proc_v1_fn)dlsym(cuda, "cuGetProcAddress");
+  if (!table || !v2 || !v1)
+    return -1;
+  int bad = 0;
+  for (size_t n = 0; n < sizeof names / sizeof names[0]; n++)
+    for (size_t v = 0; v < sizeof versions / sizeof versions[0]; v++)
+      for (size_t f = 0; f < sizeof flags / sizeof flags[0]; f++) {
+        void *real = NULL, *got2 = NULL, *got1 = NULL;
+        CUdriverProcAddressQueryResult st;
+        CUresult want = table(names[n], versions[v], flags[f], &real);
+        CUresult r2 = v2(names[n], &got2, versions[v], flags[f], &st);
+        CUresult r1 = v1(names[n], &got1, versions[v], flags[f]);
+        void *expect = as_program_sees(real);
+        if (r2 != want || r1 != want || got2 != expect || got1 != expect) {
+          if (bad++ < 5)
+            printf("  cuGetProcAddress(%s, %d, flags %llu): %d/%d %p/%p, the table's %d %p (as seen %p)\n", names[n],
+                   versions[v], (unsigned long long)flags[f], (int)r1, (int)r2, got1, got2, (int)want, real, expect);
+        }
+      }
+  return bad;
+}
+
+/* Whether f is one of psshim's doors. */
+static bool in_psshim(void *f)
+{
+  Dl_info info;
+  return f && dladdr(f, &info) && strstr(info.dli_fname, "libpsshim");
+}
+
+/* cudaMemGetInfo, cuMemGetInfo (by dlsym and by cuGetProcAddress) all answer total =
+ * GPU + host budget and free = total - the live bytes the pool reports used. */
+static bool mem_info_exact(void *cuda, cudaMemPool_t pool, size_t total_want, size_t *free_out)
+{
+  mem_info_fn by_dlsym = (mem_info_fn)dlsym(cuda, "cuMemGetInfo_v2"), by_proc = NULL;
+  proc_fn proc = (proc_fn)dlsym(cuda, "cuGetProcAddress_v2");
+  CUdriverProcAddressQueryResult st;
+  cuuint64_t used = 0;
+  size_t f[3] = {0}, t[3] = {0};
+  bool ok = by_dlsym && proc && !proc("cuMemGetInfo", (void **)&by_proc, 12000, 0, &st) && by_proc &&
+            !cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used) &&
+            cudaMemGetInfo(&f[0], &t[0]) == cudaSuccess && !by_dlsym(&f[1], &t[1]) && !by_proc(&f[2], &t[2]);
+  for (int i = 0; ok && i < 3; i++)
+    ok = t[i] == total_want && f[i] == total_want - used;
+  *free_out = f[0];
+  return ok;
+}
 
 /* A thread allocating and freeing without pause: it holds a device's lock much of the time. */
 static atomic_bool hammer_stop;
@@ -141,6 +220,25 @@ int main(void)
   const char *want = getenv("EXPECT_TOTAL_BYTES");
   CHECK("cudaMemGetInfo answers psshim's budgets",
         cudaMemGetInfo(&free_b, &total_b) == cudaSuccess && want && total_b == strtoull(want, NULL, 10) && free_b <= total_b);
+  /* Exactly: free is the budgets less the live bytes, before and after an allocation that
+   * takes a chunk and a half (its mapped bytes differ from its live ones) and its free. */
+  size_t total_want = want ? strtoull(want, NULL, 10) : 0, free0 = 0, free1 = 0, free2 = 0;
+  const size_t odd = 3 * (1 << 20) + 512;
+  void *big = NULL;
+  CHECK("free = budgets - live bytes, in every door", mem_info_exact(cuda, pool, total_want, &free0));
+  CHECK("cudaMalloc of 3M + 512", cudaMalloc(&big, odd) == cudaSuccess && owns(big));
+  CHECK("an allocation takes its size from free, exactly",
+        mem_info_exact(cuda, pool, total_want, &free1) && free1 == free0 - odd);
+  CHECK("its free gives it back, exactly",
+        cudaFree(big) == cudaSuccess && mem_info_exact(cuda, pool, total_want, &free2) && free2 == free0);
+  int mismatches = proc_mismatches(cuda);
+  CHECK("cuGetProcAddress (both forms) answers as the driver's table, at every version and flag", mismatches == 0);
+  void *old_open = NULL, *new_open = NULL;
+  CUdriverProcAddressQueryResult qs;
+  CHECK("an older version gets the older door (cuIpcOpenMemHandle at 4010 and 11000)",
+        !proc("cuIpcOpenMemHandle", &old_open, 4010, 0, &qs) && !proc("cuIpcOpenMemHandle", &new_open, 11000, 0, &qs) &&
+            in_psshim(old_open) && in_psshim(new_open) && old_open != new_open &&
+            old_open == dlsym(RTLD_DEFAULT, "cuIpcOpenMemHandle"));
 
   fflush(stdout);
   pid_t pid = fork();

@@ -2,8 +2,9 @@
  * this one) connecting to the socket star is refused, and the ranks' frames reach the ranks
  * alone; a process of another uid holding the star's name is found out by every rank and
  * none maps what it hands out; a frame of another size or kind than the rank's own is
- * refused by every rank; node segment names that another user holds are passed over, and
- * when all are held every rank runs alone at once. Another uid needs root (the tests switch
+ * refused by every rank; node segment names that another user holds, or that this user's
+ * group or others may open, are passed over, and when all are held every rank runs alone at
+ * once; this user's own stale segment is replaced. Another uid needs root (the tests switch
  * a forked child to nobody); without root those cases are skipped, saying so. */
 #include <errno.h>
 #include <fcntl.h>
@@ -335,21 +336,40 @@ static void frame_of_wrong_kind_refused(void **state) {
   bad_frame_refused(WRONG_KIND);
 }
 
-/* ---- node segment names held by another user ---- */
+/* ---- node segment names held by a file that is not the job's ----
+ * docs/security.md: a segment is accepted only if it is a regular file of this user that no
+ * one else may open; anything else is passed over (rank 0 makes the segment under the next
+ * name and says so). One of this user's, closed to others, whose creator is gone, is a
+ * crashed run's: rank 0 replaces it and no one says anything. */
 
-/* Forked by rank 0 before the join: as another uid, makes the first `count` segment names
- * into segments anyone may open, claiming to be this job's, with itself as rank 0. */
-static int squat_segments(int count) {
+struct plant {
+  int count;         /* the first `count` names */
+  bool other_uid;    /* made as another uid (nobody), else as this user */
+  mode_t mode;
+  bool dead_creator; /* its creator gone, else the planter itself, alive */
+};
+
+/* Forked by rank 0 before the join: makes the first `count` segment names into segments
+ * claiming to be this job's, whole and ready. */
+static int plant_segments(const struct plant *p) {
   struct psc_ranks r;
-  if (psc_ranks_read(&r) != PSC_GROUP || !as_nobody()) return 1;
-  for (int k = 0; k < count; k++) {
+  if (psc_ranks_read(&r) != PSC_GROUP) return 1;
+  struct psc_proc creator = psc_proc_self();
+  if (p->dead_creator) { /* a process that has ended, its start time no one else's */
+    pid_t gone = fork();
+    if (gone == 0) _exit(0);
+    if (gone < 0 || waitpid(gone, NULL, 0) != gone) return 4;
+    creator = (struct psc_proc){.pid = gone, .start = 1};
+  }
+  if (p->other_uid && !as_nobody()) return 1;
+  for (int k = 0; k < p->count; k++) {
     char *name = scratch->squatted[k];
     psc_segment_name(r.job_key, k, name);
-    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0666);
-    if (fd < 0 || fchmod(fd, 0666) != 0 || ftruncate(fd, sizeof(struct psc_node)) != 0) return 2;
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, p->mode);
+    if (fd < 0 || fchmod(fd, p->mode) != 0 || ftruncate(fd, sizeof(struct psc_node)) != 0) return 2;
     struct psc_node *node = mmap(NULL, sizeof *node, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (node == MAP_FAILED) return 3;
-    node->creator = psc_proc_self();
+    node->creator = creator;
     node->nranks = NRANKS;
     node->group.n = NRANKS;
     atomic_store(&node->magic, PSC_NODE_MAGIC);
@@ -359,38 +379,53 @@ static int squat_segments(int count) {
   return 0;
 }
 
-static int ranks_beside_squatted_segments(int rank, void *arg) {
-  int count = *(int *)arg;
-  pid_t squatter = -1;
-  if (rank == 0 && (squatter = fork()) == 0) _exit(squat_segments(count));
+/* The name the job met at: k of its names, or -1. */
+static int met_at(void) {
+  struct psc_ranks r;
+  if (psc_ranks_read(&r) != PSC_GROUP) return -1;
+  for (int k = 0; k < PSC_SEGMENT_NAMES; k++) {
+    char name[48];
+    psc_segment_name(r.job_key, k, name);
+    if (!strcmp(name, psc_state.shm_name)) return k;
+  }
+  return -1;
+}
+
+static int ranks_beside_planted_segments(int rank, void *arg) {
+  const struct plant *p = arg;
+  pid_t planter = -1;
+  if (rank == 0 && (planter = fork()) == 0) _exit(plant_segments(p));
   if (!wait_for(&scratch->ready)) return 17;
   int code = 0;
-  if (count < PSC_SEGMENT_NAMES) { /* the job meets elsewhere and shares as usual */
+  if (p->count < PSC_SEGMENT_NAMES) { /* the job meets elsewhere, or replaces a stale one, and shares as usual */
     int mine = frame(rank, RANK_MARK, PIECE), got[PSC_MAX_RANKS];
     if (!join()) code = 10;
+    else if (met_at() != (p->dead_creator ? 0 : p->count)) code = 19;
     else code = mine >= 0 && psc_share_fds(mine, got) ? all_frames_right(got) : 12;
     psc_barrier();
   } else if (join()) {
     code = 18;
   }
-  if (squatter > 0) {
-    kill(squatter, SIGKILL);
-    waitpid(squatter, NULL, 0);
+  if (planter > 0) {
+    kill(planter, SIGKILL);
+    waitpid(planter, NULL, 0);
   }
   psc_node_leave();
   return code;
 }
 
-static void segment_names_squatted(int count, const char *line) {
+/* line: what rank 0 (every rank when all names are taken) says, once; NULL: nothing. */
+static void segments_planted(struct plant p, const char *line) {
   struct rank_result res[NRANKS];
-  run_ranks(NRANKS, ranks_beside_squatted_segments, &count, LIMIT_S, res);
+  memset(scratch, 0, sizeof *scratch); /* a test may plant several times */
+  run_ranks(NRANKS, ranks_beside_planted_segments, &p, LIMIT_S, res);
   for (int k = 0; k < PSC_SEGMENT_NAMES; k++) /* the names outlive their maker: removed here */
     if (scratch->squatted[k][0]) shm_unlink(scratch->squatted[k]);
   assert_int_equal(atomic_load(&scratch->ready), 1);
   for (int r = 0; r < NRANKS; r++) {
     assert_int_equal(res[r].code, 0);
     assert_true(res[r].seconds < 10);
-    if (r == 0 || count == PSC_SEGMENT_NAMES) {
+    if (line && (r == 0 || p.count == PSC_SEGMENT_NAMES)) {
       assert_non_null(strstr(res[r].err, line));
       assert_null(strstr(strchr(res[r].err, '\n') + 1, "psshim:"));
     } else {
@@ -402,13 +437,31 @@ static void segment_names_squatted(int count, const char *line) {
 static void squatted_segment_name_passed_over(void **state) {
   (void)state;
   if (!root_or_skip()) skip();
-  segment_names_squatted(1, "is taken by another user's file: this job's ranks meet at");
+  segments_planted((struct plant){1, true, 0666, false}, "is taken by another user's file: this job's ranks meet at");
+  /* another uid's, closed to everyone else: its owner alone is enough to refuse it */
+  segments_planted((struct plant){1, true, 0600, false}, "is taken by another user's file: this job's ranks meet at");
 }
 
 static void all_segment_names_squatted_every_rank_alone_at_once(void **state) {
   (void)state;
   if (!root_or_skip()) skip();
-  segment_names_squatted(PSC_SEGMENT_NAMES, "are all taken by other users' files");
+  segments_planted((struct plant){PSC_SEGMENT_NAMES, true, 0666, false}, "are all taken by other users' files");
+}
+
+/* This user's own segment that its group or others may open (read or write) is passed over
+ * as another user's would be: whoever else could open it could read the star's salt. */
+static void own_segment_others_may_open_passed_over(void **state) {
+  (void)state;
+  const mode_t modes[] = {0640, 0620, 0660, 0604, 0602, 0606};
+  for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)
+    segments_planted((struct plant){1, false, modes[i], false},
+                     "is taken by another user's file: this job's ranks meet at");
+}
+
+/* This user's own, closed to others, its creator gone: replaced at the same name, silently. */
+static void own_stale_segment_replaced(void **state) {
+  (void)state;
+  segments_planted((struct plant){1, false, 0600, true}, NULL);
 }
 
 int main(void) {
@@ -421,6 +474,8 @@ int main(void) {
       cmocka_unit_test_setup(frame_of_wrong_kind_refused, setup),
       cmocka_unit_test_setup(squatted_segment_name_passed_over, setup),
       cmocka_unit_test_setup(all_segment_names_squatted_every_rank_alone_at_once, setup),
+      cmocka_unit_test_setup(own_segment_others_may_open_passed_over, setup),
+      cmocka_unit_test_setup(own_stale_segment_replaced, setup),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

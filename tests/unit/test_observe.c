@@ -1,12 +1,14 @@
 /* Launch observation through the (fake) CUPTI: the pointers into psshim's chunk space
  * that each launch's parameters hold, plain, inside structs passed by value, at offsets
  * that are not multiples of 8, and in the `extra` buffer form, give exactly the right
- * chunk sets; copies report their ends; a second CUPTI subscriber is refused. */
+ * chunk sets; copies report their ends; the trace records every copy kind, memset and
+ * launch as it was called, field by field; a second CUPTI subscriber is refused. */
 #include "allocator/allocator.h"
 #include "core/core.h"
 #include "tests/fakecuda/fakecuda.h"
 #include "tracer/observe.h"
 #include "tracer/tracer.h"
+#include "test_trace_util.h"
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -16,6 +18,7 @@
 #include <cupti.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MiB (1024ull * 1024)
 
@@ -216,6 +219,104 @@ static void test_transfers(void **state)
   assert_int_equal(find("cuMemsetD16_v2")->stream, 0); /* the legacy stream, as called */
 }
 
+/* ---- what the trace records of each transfer and launch, field by field ---- */
+
+struct want_copy {
+  const char *what;
+  uint32_t kind;
+  uint64_t bytes, src, dst, stream;
+};
+
+static void expect_copy(const struct pst_record *r, const struct want_copy *w)
+{
+  if (r->type != PST_REC_COPY)
+    fail_msg("%s: a %s record where its COPY should be", w->what, pst_record_type_name(r->type));
+  if (r->copy.kind != w->kind)
+    fail_msg("%s: recorded %s, was %s", w->what, pst_copy_kind_name(r->copy.kind), pst_copy_kind_name(w->kind));
+  if (r->copy.bytes != w->bytes || r->copy.src != w->src || r->copy.dst != w->dst || r->copy.stream != w->stream)
+    fail_msg("%s: bytes %llu src %#llx dst %#llx stream %#llx recorded; %llu %#llx %#llx %#llx it was", w->what,
+             (unsigned long long)r->copy.bytes, (unsigned long long)r->copy.src, (unsigned long long)r->copy.dst,
+             (unsigned long long)r->copy.stream, (unsigned long long)w->bytes, (unsigned long long)w->src,
+             (unsigned long long)w->dst, (unsigned long long)w->stream);
+}
+
+/* Every copy kind, explicit (each direction, with and without a stream) and by unified
+ * address (cuMemcpy and cuMemcpyAsync, each direction, the kind judged by which side is
+ * psshim's), each memset width, and a launch, traced in order: each record as the call
+ * was made. A memset's source is its value, not an address: recorded as 0. */
+static void test_trace_records_each_transfer(void **state)
+{
+  (void)state;
+  const char *path = test_trace_path("observe");
+  struct pst_trace_header h = {.pid = (uint32_t)getpid(), .chunk_size = 2 * MiB};
+  assert_true(pst_trace_open(path, &h));
+  static uint8_t host[8192];
+  const uint64_t H = (uint64_t)(uintptr_t)host, A = a, B = b;
+  CUstream s;
+  assert_int_equal(ps_driver.cuStreamCreate(&s, 0), CUDA_SUCCESS);
+  const uint64_t S = (uint64_t)(uintptr_t)s;
+  assert_int_equal(cuMemcpyHtoD_v2(a, host, 4096), CUDA_SUCCESS);
+  assert_int_equal(cuMemcpyDtoH_v2(host, a, 4000), CUDA_SUCCESS);
+  assert_int_equal(cuMemcpyDtoD_v2(b, a, 3000), CUDA_SUCCESS);
+  assert_int_equal(cuMemcpyHtoDAsync_v2(b, host, 1024, s), CUDA_SUCCESS);
+  assert_int_equal(cuMemcpyDtoHAsync_v2(host, b, 1000, s), CUDA_SUCCESS);
+  assert_int_equal(cuMemcpyDtoDAsync_v2(a, b, 900, s), CUDA_SUCCESS);
+  assert_int_equal(cuMemcpy(a, H, 2048), CUDA_SUCCESS);
+  assert_int_equal(cuMemcpy(H, b, 2000), CUDA_SUCCESS);
+  assert_int_equal(cuMemcpy(b, a, 1900), CUDA_SUCCESS);
+  assert_int_equal(cuMemcpyAsync(b, H, 512, s), CUDA_SUCCESS);
+  assert_int_equal(cuMemcpyAsync(H, a, 500, s), CUDA_SUCCESS);
+  assert_int_equal(cuMemcpyAsync(a, b, 400, s), CUDA_SUCCESS);
+  assert_int_equal(cuMemsetD8_v2(a, 1, 100), CUDA_SUCCESS);
+  assert_int_equal(cuMemsetD16_v2(a, 2, 100), CUDA_SUCCESS);
+  assert_int_equal(cuMemsetD32_v2(b, 3, 100), CUDA_SUCCESS);
+  assert_int_equal(cuMemsetD8Async(b, 4, 64, s), CUDA_SUCCESS);
+  assert_int_equal(cuMemsetD32Async(a, 5, 16, s), CUDA_SUCCESS);
+  size_t two[] = {8, 8};
+  CUfunction k = fakecuda_register_kernel("traced_kernel", nop, NULL, 2, two);
+  void *args[] = {&b, &a};
+  assert_int_equal(cuLaunchKernel(k, 1, 1, 1, 1, 1, 1, 0, s, args, NULL), CUDA_SUCCESS);
+  ps_driver.cuCtxSynchronize();
+  pst_trace_close();
+  ps_driver.cuStreamDestroy_v2(s);
+
+  const struct want_copy want[] = {
+      {"cuMemcpyHtoD", PST_COPY_H2D, 4096, H, A, 0},     {"cuMemcpyDtoH", PST_COPY_D2H, 4000, A, H, 0},
+      {"cuMemcpyDtoD", PST_COPY_D2D, 3000, A, B, 0},     {"cuMemcpyHtoDAsync", PST_COPY_H2D, 1024, H, B, S},
+      {"cuMemcpyDtoHAsync", PST_COPY_D2H, 1000, B, H, S}, {"cuMemcpyDtoDAsync", PST_COPY_D2D, 900, B, A, S},
+      {"cuMemcpy to psshim", PST_COPY_H2D, 2048, H, A, 0}, {"cuMemcpy from psshim", PST_COPY_D2H, 2000, B, H, 0},
+      {"cuMemcpy within psshim", PST_COPY_D2D, 1900, A, B, 0},
+      {"cuMemcpyAsync to psshim", PST_COPY_H2D, 512, H, B, S},
+      {"cuMemcpyAsync from psshim", PST_COPY_D2H, 500, A, H, S},
+      {"cuMemcpyAsync within psshim", PST_COPY_D2D, 400, B, A, S},
+      {"cuMemsetD8", PST_COPY_MEMSET, 100, 0, A, 0},     {"cuMemsetD16", PST_COPY_MEMSET, 200, 0, A, 0},
+      {"cuMemsetD32", PST_COPY_MEMSET, 400, 0, B, 0},    {"cuMemsetD8Async", PST_COPY_MEMSET, 64, 0, B, S},
+      {"cuMemsetD32Async", PST_COPY_MEMSET, 64, 0, A, S},
+  };
+  const size_t nwant = sizeof want / sizeof want[0];
+  struct trace_read t;
+  assert_true(test_trace_read(path, &t));
+  assert_string_equal(t.error, ""); /* whole, and closed cleanly */
+  assert_true(t.stats.clean_end);
+  size_t i = 0;
+  while (i < t.n && t.recs[i].type != PST_REC_COPY && t.recs[i].type != PST_REC_LAUNCH)
+    i++;
+  assert_true(i + nwant < t.n);
+  for (size_t w = 0; w < nwant; w++)
+    expect_copy(&t.recs[i + w], &want[w]);
+  const struct pst_record *l = &t.recs[i + nwant];
+  assert_int_equal(l->type, PST_REC_LAUNCH);
+  assert_int_equal(l->launch.stream, S);
+  assert_string_equal(test_trace_string(&t, l->launch.function), "traced_kernel");
+  assert_int_equal(l->launch.n, 2);
+  assert_int_equal(l->launch.ptrs[0], A < B ? A : B);
+  assert_int_equal(l->launch.ptrs[1], A < B ? B : A);
+  assert_int_equal(l->flags, 0);
+  for (size_t w = 1; w <= nwant; w++) /* in the order of the calls */
+    assert_true(t.recs[i + w].ts_ns >= t.recs[i + w - 1].ts_ns);
+  test_trace_read_free(&t);
+}
+
 /* CUPTI allows one subscriber: while psshim holds it, another is refused. */
 static void test_second_subscriber_refused(void **state)
 {
@@ -230,6 +331,7 @@ int main(void)
       cmocka_unit_test(test_pointer_positions),
       cmocka_unit_test(test_transfers),
       cmocka_unit_test(test_second_subscriber_refused),
+      cmocka_unit_test(test_trace_records_each_transfer),
   };
-  return cmocka_run_group_tests_name("observe", tests, setup, NULL);
+  return cmocka_run_group_tests_name("observe", tests, setup, test_trace_remove_all);
 }

@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -371,12 +372,116 @@ static void test_lag(void **state)
   assert_true(moved > 50);
 }
 
+/* ---- the rules at their exact edges, on hand-built schedules ---- */
+
+/* Chunks A (0) and B (1) of 1 MiB, A used at moment 0 and B at moment k of P, one frame:
+ * the two can only take turns in it. */
+static psp_schedule *turns(uint32_t P, uint32_t k)
+{
+  psp_schedule *s = psp_schedule_new();
+  assert_non_null(s);
+  assert_int_equal(psp_schedule_chunk(s, 0, MIB), 0);
+  assert_int_equal(psp_schedule_chunk(s, 1, MIB), 0);
+  for (uint32_t t = 0; t < P; t++) {
+    assert_int_equal(psp_schedule_moment(s, 0), 0);
+    if (t == 0) assert_int_equal(psp_schedule_touch(s, 0, false), 0);
+    if (t == k) assert_int_equal(psp_schedule_touch(s, 1, false), 0);
+  }
+  assert_int_equal(psp_schedule_seal(s), 0);
+  return s;
+}
+
+/* The plan of turns(P, k) under one frame with the lag: its moves as "at:chunk:dir[:need]"
+ * in issue order into out, and its in-place moments. */
+static uint32_t turn_plan(uint32_t P, uint32_t k, uint32_t lag, char *out, size_t len)
+{
+  psp_schedule *s = turns(P, k);
+  psp_costs c = FAST;
+  c.lag = lag;
+  psp_plan pl;
+  assert_int_equal(psp_plan_make(s, MIB, &c, &pl), 0);
+  check_plan(s, MIB, &pl);
+  size_t n = 0;
+  out[0] = '\0';
+  for (size_t i = 0; i < pl.n_moves && n < len; i++) {
+    const psp_move *m = &pl.moves[i];
+    n += (size_t)snprintf(out + n, len - n, m->dir == PSP_TO_GPU ? "%s%u:%u:in:%u" : "%s%u:%u:out", i ? " " : "",
+                          m->at, m->chunk, m->need);
+  }
+  uint32_t in_place = pl.in_place;
+  psp_plan_free(&pl);
+  psp_schedule_free(s);
+  return in_place;
+}
+
+/* With a lag of L, A (used at 0) may leave its frame at L and not before: B used at L
+ * takes it exactly then (and gives it back exactly L after its own use); B used at L - 1
+ * finds A still busy and is read in place, nothing moving. At the iteration's end, a
+ * chunk used L before it can still leave by the close; one used L - 1 before cannot. A lag
+ * of 1 holds nothing: B may take the frame right after A's use. */
+static void test_lag_edges(void **state)
+{
+  (void)state;
+  char got[256], want[256];
+  for (uint32_t L = 2; L <= 5; L++) {
+    const uint32_t P = 3 * L;
+    assert_int_equal(turn_plan(P, L, L, got, sizeof got), 0);
+    snprintf(want, sizeof want, "%u:0:out %u:1:in:%u %u:1:out %u:0:in:0", L, L, L, 2 * L, 2 * L);
+    assert_string_equal(got, want);
+    assert_int_equal(turn_plan(P, L - 1, L, got, sizeof got), 1);
+    assert_string_equal(got, "");
+    /* B used L before the end: it leaves at the next iteration's start, A coming back then */
+    assert_int_equal(turn_plan(P, P - L, L, got, sizeof got), 0);
+    snprintf(want, sizeof want, "0:1:out 0:0:in:0 %u:0:out %u:1:in:%u", L, L, P - L);
+    assert_string_equal(got, want);
+    assert_int_equal(turn_plan(P, P - L + 1, L, got, sizeof got), 1);
+    assert_string_equal(got, "");
+  }
+  assert_int_equal(turn_plan(6, 1, 1, got, sizeof got), 0);
+  assert_string_equal(got, "1:0:out 1:1:in:1 2:1:out 2:0:in:0");
+  assert_int_equal(turn_plan(6, 1, 2, got, sizeof got), 1);
+}
+
+/* One moment using A and B (1 MiB each) beside `nonmodel` bytes: both fit exactly when
+ * the budget is their bytes and the non-model ones, and one is read in place a byte below. */
+static void test_budget_edges(void **state)
+{
+  (void)state;
+  for (uint64_t nonmodel = 0; nonmodel <= 3 * MIB; nonmodel += 3 * MIB / 2) {
+    psp_schedule *s = psp_schedule_new();
+    assert_int_equal(psp_schedule_chunk(s, 0, MIB), 0);
+    assert_int_equal(psp_schedule_chunk(s, 1, MIB), 0);
+    assert_int_equal(psp_schedule_moment(s, nonmodel), 0);
+    assert_int_equal(psp_schedule_touch(s, 0, true), 0);
+    assert_int_equal(psp_schedule_touch(s, 1, false), 0);
+    assert_int_equal(psp_schedule_moment(s, 0), 0);
+    assert_int_equal(psp_schedule_seal(s), 0);
+    for (int lag = 0; lag <= 2; lag += 2) {
+      psp_costs c = FAST;
+      c.lag = (uint32_t)lag;
+      psp_plan pl;
+      assert_int_equal(psp_plan_make(s, 2 * MIB + nonmodel, &c, &pl), 0);
+      check_plan(s, 2 * MIB + nonmodel, &pl);
+      assert_int_equal(pl.in_place, 0);
+      assert_int_equal(pl.n_start, 2);
+      psp_plan_free(&pl);
+      assert_int_equal(psp_plan_make(s, 2 * MIB + nonmodel - 1, &c, &pl), 0);
+      check_plan(s, 2 * MIB + nonmodel - 1, &pl);
+      assert_int_equal(pl.in_place, 1);
+      assert_int_equal(pl.bytes_in_place, MIB);
+      psp_plan_free(&pl);
+    }
+    psp_schedule_free(s);
+  }
+}
+
 int main(void)
 {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fewest_bytes_in), cmocka_unit_test(test_write_back_only_written),
       cmocka_unit_test(test_timing),          cmocka_unit_test(test_cyclic),
       cmocka_unit_test(test_fresh),           cmocka_unit_test(test_lag),
+      cmocka_unit_test(test_lag_edges),       cmocka_unit_test(test_budget_edges),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

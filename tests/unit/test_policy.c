@@ -313,6 +313,67 @@ static void test_move_pays(void **state)
   assert_false(psp_swap_pays(4, 1, 400000, 300000));
 }
 
+/* Each inequality of evict.c one unit either side of its edge. */
+static void test_evict_edges(void **state)
+{
+  (void)state;
+  /* a move pays when what it saves is more than the moves, by one nanosecond */
+  assert_false(psp_fetch_pays(3, 200000, 300000));
+  assert_true(psp_fetch_pays(3, 200001, 300000));
+  assert_false(psp_swap_pays(4, 1, 400000, 300000));
+  assert_true(psp_swap_pays(4, 1, 400001, 300000));
+  assert_false(psp_swap_pays(2, 2, 1, 0)); /* as many uses out as in: never */
+  assert_true(psp_swap_pays(3, 2, 1, 0));
+  /* a use counts within the last period from now back to now - period + 1 */
+  const uint64_t P = 100, now = 500;
+  const uint64_t edge[][2] = {{now, 1}, {now + 1, 0}, {now - P + 1, 1}, {now - P, 0}};
+  for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++) {
+    uint64_t uses[2] = {edge[i][0], 0};
+    assert_int_equal(psp_uses_within(uses, 2, now, P), edge[i][1]);
+    assert_int_equal(psp_predict_next(uses, 2, now, P), edge[i][1] ? edge[i][0] + P : PSP_NEVER);
+  }
+  uint64_t full[2] = {now - P + 1, now}; /* every slot within: always due */
+  assert_int_equal(psp_predict_next(full, 2, now, P), now + 1);
+  full[0] = now - P;
+  assert_int_equal(psp_predict_next(full, 2, now, P), now + P);
+  /* LRU: used at now is pinned, used the moment before is not */
+  psp_cand lru[] = {{.chunk = 0, .bytes = 1, .last_use = now}, {.chunk = 1, .bytes = 1, .last_use = now - 1}};
+  assert_int_equal(psp_victim_lru(now, lru, 2), 1);
+  assert_int_equal(psp_victim_lru(now, lru, 1), -1);
+  /* OPT: needed at now is pinned, needed the moment after is not */
+  psp_schedule *s = psp_schedule_new();
+  psp_schedule_chunk(s, 0, 1);
+  psp_schedule_chunk(s, 1, 1);
+  psp_schedule_moment(s, 0);
+  psp_schedule_touch(s, 0, false);
+  psp_schedule_moment(s, 0);
+  psp_schedule_touch(s, 1, false);
+  assert_int_equal(psp_schedule_seal(s), 0);
+  psp_cand opt[] = {{.chunk = 0, .bytes = 1}, {.chunk = 1, .bytes = 1}};
+  assert_int_equal(psp_victim_opt(s, 0, opt, 2), 1);
+  assert_int_equal(psp_victim_opt(s, 0, opt, 1), -1);
+  assert_int_equal(psp_victim_opt(s, 1, opt, 1), 0);
+  psp_schedule_free(s);
+  /* the order: a later next use by one beats clean, larger and lower id together */
+  psp_cand later = {.chunk = 9, .bytes = 1, .dirty = true, .next_use = 11}, sooner = {.chunk = 0, .bytes = 2, .next_use = 10};
+  psp_cand both[2];
+  both[0] = sooner, both[1] = later;
+  psp_sort_farthest(both, 2, 2);
+  assert_int_equal(both[0].chunk, 9);
+  later.next_use = 10; /* a tie: the clean one, then the larger, then the lower id */
+  both[0] = later, both[1] = sooner;
+  psp_sort_farthest(both, 2, 2);
+  assert_int_equal(both[0].chunk, 0);
+  later.dirty = false, later.bytes = 3;
+  both[0] = sooner, both[1] = later;
+  psp_sort_farthest(both, 2, 2);
+  assert_int_equal(both[0].chunk, 9);
+  later.bytes = 2;
+  both[0] = later, both[1] = sooner;
+  psp_sort_farthest(both, 2, 2);
+  assert_int_equal(both[0].chunk, 0);
+}
+
 /* Next use from recent uses: against the truth of a strictly periodic use pattern. */
 static void test_predict_next(void **state)
 {
@@ -347,7 +408,7 @@ int main(void)
       cmocka_unit_test(test_victim_opt),     cmocka_unit_test(test_victim_lru),
       cmocka_unit_test(test_predict_next),   cmocka_unit_test(test_move_pays),
       cmocka_unit_test(test_sort_farthest),
-      cmocka_unit_test(test_phase_max),
+      cmocka_unit_test(test_phase_max),      cmocka_unit_test(test_evict_edges),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -243,6 +243,74 @@ static void test_iteration_without_pager_totals(void **state) {
   free(s.ptrs);
 }
 
+/* ---- records whose own counts do not fit their own length ----
+ * LAUNCH carries n pointers (8 bytes each) after 24 fixed bytes, STACK depth frames (16
+ * bytes each) after 8. Each record lies alone in a buffer of exactly its size, so a read
+ * past it is also one past the allocation (ASan's and valgrind's to see). */
+
+/* A record of `type` with payload `fixed` bytes of zeros (the count field at count_at set
+ * to count) and `tail` bytes after them; decoded from an exactly-sized copy. */
+static enum pst_decode_result decode_counted(uint16_t type, uint32_t fixed, uint32_t count_at, uint32_t count,
+                                             uint32_t tail, struct pst_record *got, struct pst_decode_scratch *s) {
+  const uint32_t len = fixed + tail;
+  const size_t size = PST_RECORD_HEADER_SIZE + len;
+  uint8_t *rec = calloc(1, size);
+  assert_non_null(rec);
+  const uint16_t flags = 0;
+  memcpy(rec, &type, 2);
+  memcpy(rec + 2, &flags, 2);
+  memcpy(rec + 4, &len, 4);
+  memcpy(rec + PST_RECORD_HEADER_SIZE + count_at, &count, 4);
+  for (uint32_t i = 0; i < tail; i++) rec[PST_RECORD_HEADER_SIZE + fixed + i] = (uint8_t)(i + 1);
+  size_t used = 0;
+  enum pst_decode_result r = pst_decode_record(rec, size, got, &used, s);
+  if (r != PST_DECODE_BAD) assert_int_equal(used, size);
+  if (r == PST_DECODE_OK && type == PST_REC_LAUNCH) /* the pointers are the record's own bytes */
+    for (uint32_t i = 0; i < got->launch.n; i++)
+      assert_memory_equal(&got->launch.ptrs[i], rec + PST_RECORD_HEADER_SIZE + fixed + 8 * i, 8);
+  if (r == PST_DECODE_OK && type == PST_REC_STACK)
+    for (uint32_t i = 0; i < got->stack.depth; i++)
+      assert_memory_equal(&got->stack.frames[i].pc, rec + PST_RECORD_HEADER_SIZE + fixed + 16 * i, 8);
+  free(rec);
+  return r;
+}
+
+static void test_counts_against_length(void **state) {
+  (void)state;
+  const struct { uint16_t type; uint32_t fixed, count_at, item; } kinds[] = {
+    { PST_REC_LAUNCH, 24, 20, 8 }, /* u64 stream | u64 seq | u32 function | u32 n */
+    { PST_REC_STACK, 8, 4, 16 },   /* u32 id | u32 depth */
+  };
+  struct pst_decode_scratch s = { 0 };
+  struct pst_record got;
+  for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+    const uint32_t fixed = kinds[k].fixed, at = kinds[k].count_at, item = kinds[k].item;
+    for (uint32_t n = 0; n <= 3; n++) {
+      /* exactly n items: sound, and n read back */
+      assert_int_equal(decode_counted(kinds[k].type, fixed, at, n, n * item, &got, &s), PST_DECODE_OK);
+      assert_int_equal(kinds[k].type == PST_REC_LAUNCH ? got.launch.n : got.stack.depth, n);
+      /* a byte short of the n-th item, or one item more than the bytes hold: rejected */
+      if (n) assert_int_equal(decode_counted(kinds[k].type, fixed, at, n, n * item - 1, &got, &s), PST_DECODE_BAD);
+      assert_int_equal(decode_counted(kinds[k].type, fixed, at, n + 1, n * item, &got, &s), PST_DECODE_BAD);
+      assert_int_equal(decode_counted(kinds[k].type, fixed, at, n + 1, n * item + item - 1, &got, &s), PST_DECODE_BAD);
+      /* the largest count: rejected, without allocating for it */
+      assert_int_equal(decode_counted(kinds[k].type, fixed, at, UINT32_MAX, n * item, &got, &s), PST_DECODE_BAD);
+      /* bytes past the items (a later version's fields): ignored */
+      assert_int_equal(decode_counted(kinds[k].type, fixed, at, n, n * item + 5, &got, &s), PST_DECODE_OK);
+    }
+    /* a payload shorter than the fixed fields, and a length past what is there */
+    assert_int_equal(decode_counted(kinds[k].type, fixed - 1, at - 4, 0, 0, &got, &s), PST_DECODE_BAD);
+    uint8_t hdr[PST_RECORD_HEADER_SIZE + 24] = { 0 };
+    const uint32_t past = fixed + 1;
+    memcpy(hdr, &kinds[k].type, 2);
+    memcpy(hdr + 4, &past, 4);
+    size_t used;
+    assert_int_equal(pst_decode_record(hdr, PST_RECORD_HEADER_SIZE + fixed, &got, &used, &s), PST_DECODE_BAD);
+  }
+  free(s.frames);
+  free(s.ptrs);
+}
+
 static void test_foreign_files(void **state) {
   (void)state;
   size_t size;
@@ -279,6 +347,7 @@ int main(void) {
     cmocka_unit_test(test_reads_past_a_bad_block),
     cmocka_unit_test(test_foreign_files),
     cmocka_unit_test(test_iteration_without_pager_totals),
+    cmocka_unit_test(test_counts_against_length),
   };
   return cmocka_run_group_tests(tests, NULL, test_trace_remove_all);
 }
