@@ -266,6 +266,27 @@ static void choice_edges(const struct option_def *o)
   }
 }
 
+/* A file psshim writes: checked without writing it. One not there yet in a folder that
+ * exists is accepted (and not made); "", a folder, and a file in a missing folder refused;
+ * where the option also takes 0 and 1 (PSSHIM_STATS: no file, or stderr), those too. */
+static void output_edges(const struct option_def *o)
+{
+  char dir[] = "/tmp/psshim-options-XXXXXX", path[64];
+  assert_non_null(mkdtemp(dir));
+  refused(o, "");
+  snprintf(path, sizeof path, "%s/out", dir);
+  accepted(o, path);
+  assert_int_equal(access(path, F_OK), -1);
+  refused(o, dir);
+  snprintf(path, sizeof path, "%s/missing/out", dir);
+  refused(o, path);
+  assert_int_equal(rmdir(dir), 0);
+  if (strncmp(o->accepts, "0, 1 ", 5) == 0) {
+    accepted(o, "0");
+    accepted(o, "1");
+  }
+}
+
 static void test_every_option_at_its_edges(void **state)
 {
   (void)state;
@@ -295,6 +316,9 @@ static void test_every_option_at_its_edges(void **state)
       break;
     case OPT_PATH:
       refused(o, "");
+      break;
+    case OPT_OUTPUT:
+      output_edges(o);
       break;
     case OPT_UINT:
       uint_edges(o);
