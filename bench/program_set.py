@@ -55,6 +55,7 @@ PROGRAMS = [
     ("cupy_kernel", "compat", [os.path.join(PROGS, "cupy_kernel.py")], 180),
     ("kv_cache_decode", "compat", [os.path.join(COMPAT, "kv_cache.py")], 180),
     ("save_resume", "compat", [os.path.join(PROGS, "save_resume.py")], 240),
+    ("jax_mlp", "compat", [os.path.join(PROGS, "jax_mlp.py")], 180),
     ("demo_gpt", "gpt_train", [os.path.join(HERE, "gpt_train.py"), "--preset", "demo", "--steps", "12", "--deterministic"], 240),
 ]
 

@@ -103,11 +103,13 @@ static bool passed_steady(uint32_t p, uint64_t next)
 }
 
 /* Device memory in use beyond psshim's GPU frames and what was in use when psshim set the
- * device up (the CUDA context, the libraries loaded by then) is the program's own, got in
- * a way psshim does not serve: outside the budget and never paged, which the user is told
+ * device up (the CUDA context, the libraries loaded by then: CONTEXT_MOST at most, so that a
+ * pool made before, as XLA's is when its client is, counts) is the program's own, got in a
+ * way psshim does not serve: outside the budget and never paged, which the user is told
  * once. Below UNMANAGED_SAY (PSSHIM_GPU_RESERVE's default), or a quarter of the budget, it
  * is taken for what libraries add later (workspaces, NCCL's buffers). Of the device the
  * launching thread's context is on, against psshim's frames on every device. */
+#define CONTEXT_MOST (1ull << 30)
 #define UNMANAGED_SAY (2ull << 30)
 static uint64_t used_at_start;
 static bool unmanaged_said; /* or nothing to compare with */
@@ -274,6 +276,8 @@ static void start(const struct pst_trace_header *h, void *user)
   (void)user;
   used_at_start = device_used();
   unmanaged_said = used_at_start == UINT64_MAX;
+  if (used_at_start > CONTEXT_MOST)
+    used_at_start = CONTEXT_MOST;
   bool tracing = ps_options.trace_path && pst_trace_open(ps_options.trace_path, h);
   if (!tracing && ps_options.policy == PS_POLICY_STATIC)
     return; /* nothing to observe for */

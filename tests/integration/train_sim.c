@@ -9,8 +9,9 @@
  * grows every step, as a forward pass's layers keep theirs). TRAIN_SIM_POOL=1 allocates the
  * activations once and reuses them every step, as a pooling allocator (CuPy's, XLA's) does:
  * the steps allocate nothing. TRAIN_SIM_UNMANAGED_MIB=N makes N MiB of device memory with the
- * driver's own cuMemCreate first, which psshim does not serve (as XLA's allocator may). TRAIN_SIM_STATS=FILE writes
- * psshim_stats_json's answer there after the last free. TRAIN_SIM_FAIL_COPIES=1 has the test
+ * driver's own cuMemCreate before anything else, which psshim does not serve (as XLA's
+ * allocator may make its pool). TRAIN_SIM_STATS=FILE writes psshim_stats_json's answer there
+ * after the last free. TRAIN_SIM_FAIL_COPIES=1 has the test
  * driver refuse every asynchronous copy during odd steps (the loop makes none itself: the
  * pager's moves fail), so the values must survive moves that fail halfway.
  * Usage: train_sim [steps] [layers] [MiB per layer] */
@@ -63,6 +64,15 @@ int main(int argc, char **argv)
   update_kernel = fakecuda_register_kernel("update", update_fn, NULL, 4, upd_sizes);
   cudaStream_t s;
   check(cudaStreamCreate(&s), "cudaStreamCreate");
+  /* Before the first allocation psshim serves, as XLA's pool is made when its client is. */
+  size_t unmanaged = getenv("TRAIN_SIM_UNMANAGED_MIB") ? strtoull(getenv("TRAIN_SIM_UNMANAGED_MIB"), NULL, 10) << 20 : 0;
+  CUmemGenericAllocationHandle own = 0;
+  CUmemAllocationProp own_prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                  .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+  if (unmanaged && cuMemCreate(&own, unmanaged, &own_prop, 0) != CUDA_SUCCESS) {
+    fprintf(stderr, "train_sim: cuMemCreate of %zu MiB failed\n", unmanaged >> 20);
+    return 1;
+  }
   uint32_t **param = calloc((size_t)layers, sizeof *param), **state = calloc((size_t)layers, sizeof *state);
   uint32_t *host = malloc(layer_bytes), *expect_p = malloc(layer_bytes * (size_t)layers),
            *expect_s = malloc(layer_bytes * (size_t)layers);
@@ -81,14 +91,6 @@ int main(int argc, char **argv)
   bool keep = getenv("TRAIN_SIM_KEEP") && atoi(getenv("TRAIN_SIM_KEEP"));
   bool fail_copies = getenv("TRAIN_SIM_FAIL_COPIES") && atoi(getenv("TRAIN_SIM_FAIL_COPIES"));
   bool pool = getenv("TRAIN_SIM_POOL") && atoi(getenv("TRAIN_SIM_POOL"));
-  size_t unmanaged = getenv("TRAIN_SIM_UNMANAGED_MIB") ? strtoull(getenv("TRAIN_SIM_UNMANAGED_MIB"), NULL, 10) << 20 : 0;
-  CUmemGenericAllocationHandle own = 0;
-  CUmemAllocationProp own_prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
-                                  .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
-  if (unmanaged && cuMemCreate(&own, unmanaged, &own_prop, 0) != CUDA_SUCCESS) {
-    fprintf(stderr, "train_sim: cuMemCreate of %zu MiB failed\n", unmanaged >> 20);
-    return 1;
-  }
   uint64_t bad = 0, sum = 0;
   uint32_t **kept = calloc((size_t)steps, sizeof *kept), **act = calloc((size_t)layers, sizeof *act);
   for (int l = 0; pool && l < layers; l++)
