@@ -106,13 +106,14 @@ static bool passed_steady(uint32_t p, uint64_t next)
  * device up (the CUDA context, the libraries loaded by then: CONTEXT_MOST at most, so that a
  * pool made before, as XLA's is when its client is, counts) is the program's own, got in a
  * way psshim does not serve: outside the budget and never paged, which the user is told
- * once. Below UNMANAGED_SAY (PSSHIM_GPU_RESERVE's default), or a quarter of the budget, it
- * is taken for what libraries add later (workspaces, NCCL's buffers). Of the device the
- * launching thread's context is on, against psshim's frames on every device. */
+ * once, at an iteration boundary or a memory sample. Below UNMANAGED_SAY
+ * (PSSHIM_GPU_RESERVE's default), or a quarter of the budget, it is taken for what
+ * libraries add later (workspaces, NCCL's buffers). Of the device the calling thread's
+ * context is on, against psshim's frames on every device. */
 #define CONTEXT_MOST (1ull << 30)
 #define UNMANAGED_SAY (2ull << 30)
 static uint64_t used_at_start;
-static bool unmanaged_said; /* or nothing to compare with */
+static _Atomic bool unmanaged_said; /* or nothing to compare with */
 
 static uint64_t device_used(void)
 {
@@ -122,11 +123,13 @@ static uint64_t device_used(void)
 
 static void say_unmanaged(const struct psa_stats *s)
 {
-  uint64_t used = unmanaged_said ? UINT64_MAX : device_used(), known = used_at_start + s->gpu_frames * s->chunk_size;
+  uint64_t used = atomic_load(&unmanaged_said) ? UINT64_MAX : device_used();
+  uint64_t known = used_at_start + s->gpu_frames * s->chunk_size;
   uint64_t say = s->gpu_budget / 4 > UNMANAGED_SAY ? s->gpu_budget / 4 : UNMANAGED_SAY;
   if (used == UINT64_MAX || used <= known + say)
     return;
-  unmanaged_said = true;
+  if (atomic_exchange(&unmanaged_said, true))
+    return; /* the sampler and a launching thread both found it */
   ps_error("%.1f GiB of the device's memory in use is not psshim's: the program allocates it in a way psshim does not "
            "serve (its own cuMemCreate, managed memory, a CUDA runtime linked into it), so it lies outside "
            "PSSHIM_GPU_BUDGET and is never paged", (double)(used - known) / (1 << 30));
@@ -251,6 +254,7 @@ static void *sample_main(void *arg)
                                       .nonmodel_gpu_bytes = used > gpu ? used - gpu : 0,
                                       .device_free_bytes = free_b}};
     pst_trace_emit(&r);
+    say_unmanaged(&s); /* a program with no period has no boundary to say it at */
     atomic_store(&in_sample, false);
     nanosleep(&period_ts, NULL);
   }
@@ -275,7 +279,7 @@ static void start(const struct pst_trace_header *h, void *user)
 {
   (void)user;
   used_at_start = device_used();
-  unmanaged_said = used_at_start == UINT64_MAX;
+  atomic_store(&unmanaged_said, used_at_start == UINT64_MAX);
   if (used_at_start > CONTEXT_MOST)
     used_at_start = CONTEXT_MOST;
   bool tracing = ps_options.trace_path && pst_trace_open(ps_options.trace_path, h);
