@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks, in one device call (see tests/gpu/README.md):
+# The GPU checks, in one device call:
 #   tests/gpu/pack.sh                      # here: build and pack .gpu/
 #   device run: bash tests/gpu/run.sh      # carry .gpu; results land in $OUT
 # Prints a short table last.

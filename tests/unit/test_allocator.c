@@ -723,9 +723,9 @@ static void extra_allocations_take_room(CUstream s)
   }
 }
 
-/* At 3x and 4x over budget on the H200 the iteration's own allocations alone outgrew the
- * GPU frames, and those made last (the backward's recomputed activations) landed in host
- * frames, where GEMMs read them in place (bench/results/study_run39.json). Here, layer by
+/* Where the iteration's own allocations alone outgrow the GPU frames (the 2.68B GPT at 3x
+ * and 4x over budget), those made last (the backward's recomputed activations) land in host
+ * frames, where GEMMs read them in place, unless what waits is evicted. Here, layer by
  * layer, the backward makes and reads a short-lived activation while the saved activations
  * wait for it and the gradients for the optimizer step: 10 frames of the iteration's own
  * data against 8. The pager must evict what waits longest (gradients, saved activations,
