@@ -188,8 +188,9 @@ static struct psc_node *create_at(const char *name, const struct psc_ranks *r, b
 }
 
 static void all_taken(const char *first) {
-  psc_errorf("the node segment's names (%s and %d more) are all taken by other users' files: "
-             "this rank runs without the node's other ranks", first, PSC_SEGMENT_NAMES - 1);
+  psc_errorf("the node segment's names (%s and %d more) are all taken by files this job may not use "
+             "(other users', or open to others): this rank runs without the node's other ranks", first,
+             PSC_SEGMENT_NAMES - 1);
 }
 
 /* Rank 0: the first name not taken; *name is set to it. */
@@ -203,8 +204,8 @@ static struct psc_node *create(const struct psc_ranks *r, char name[48]) {
     struct psc_node *node = create_at(name, r, &taken);
     if (taken) continue;
     if (node && k > 0)
-      psc_errorf("the node segment's name %s is taken by another user's file: this job's ranks "
-                 "meet at %s instead", first, name);
+      psc_errorf("the node segment's name %s is taken by a file this job may not use (another user's, or "
+                 "open to others): this job's ranks meet at %s instead", first, name);
     return node;
   }
   all_taken(first);

@@ -437,15 +437,15 @@ static void segments_planted(struct plant p, const char *line) {
 static void squatted_segment_name_passed_over(void **state) {
   (void)state;
   if (!root_or_skip()) skip();
-  segments_planted((struct plant){1, true, 0666, false}, "is taken by another user's file: this job's ranks meet at");
+  segments_planted((struct plant){1, true, 0666, false}, "is taken by a file this job may not use (another user's, or open to others): this job's ranks meet at");
   /* another uid's, closed to everyone else: its owner alone is enough to refuse it */
-  segments_planted((struct plant){1, true, 0600, false}, "is taken by another user's file: this job's ranks meet at");
+  segments_planted((struct plant){1, true, 0600, false}, "is taken by a file this job may not use (another user's, or open to others): this job's ranks meet at");
 }
 
 static void all_segment_names_squatted_every_rank_alone_at_once(void **state) {
   (void)state;
   if (!root_or_skip()) skip();
-  segments_planted((struct plant){PSC_SEGMENT_NAMES, true, 0666, false}, "are all taken by other users' files");
+  segments_planted((struct plant){PSC_SEGMENT_NAMES, true, 0666, false}, "are all taken by files this job may not use");
 }
 
 /* This user's own segment that its group or others may open (read or write) is passed over
@@ -455,7 +455,7 @@ static void own_segment_others_may_open_passed_over(void **state) {
   const mode_t modes[] = {0640, 0620, 0660, 0604, 0602, 0606};
   for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)
     segments_planted((struct plant){1, false, modes[i], false},
-                     "is taken by another user's file: this job's ranks meet at");
+                     "is taken by a file this job may not use (another user's, or open to others): this job's ranks meet at");
 }
 
 /* This user's own, closed to others, its creator gone: replaced at the same name, silently. */
