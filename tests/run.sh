@@ -9,10 +9,13 @@ cd "$(dirname "$0")/.."
 .ci/install-deps
 toolkit=${CUDA_HOME:-/usr/local/cuda}
 jobs=$(nproc)
+build() { # a build folder: quiet, but a failure shows what failed
+  ninja -C "$1" >"$1/ninja.log" 2>&1 || { tail -40 "$1/ninja.log" >&2; echo "tests/run.sh: building $1 failed" >&2; exit 1; }
+}
 run() { # name, then meson setup options
   local dir=$1; shift
   [ -f "$dir/build.ninja" ] || meson setup "$dir" -Dtoolkit="$toolkit" "$@" >/dev/null
-  ninja -C "$dir" >/dev/null
+  build "$dir"
   meson test -C "$dir" --num-processes "$jobs" --print-errorlogs
 }
 run build
@@ -23,7 +26,7 @@ CC=clang UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1} \
 # threads) under ThreadSanitizer; the other tests preload psshim into programs, which a
 # TSan-built library cannot be.
 [ -f build-tsan/build.ninja ] || CC=clang meson setup build-tsan -Dtoolkit="$toolkit" -Db_sanitize=thread -Db_lundef=false >/dev/null
-ninja -C build-tsan >/dev/null
+build build-tsan
 TSAN_OPTIONS=halt_on_error=1 meson test -C build-tsan --no-rebuild --print-errorlogs allocator
 # Not the tests that kill or time processes on purpose (valgrind is 50x slower), nor the
 # ones that run whole programs under LD_PRELOAD (those run sanitized above), nor the ten

@@ -41,6 +41,10 @@ static void check_option(const struct option_def *o)
     if (!(*(double *)o->value > 0 && *(double *)o->value <= 1e6))
       abort();
     break;
+  case OPT_OUTPUT: /* a file to write: never "", which names none */
+    if (!**(const char **)o->value)
+      abort();
+    break;
   case OPT_CHOICE: case OPT_BOOL: case OPT_PATH:
     break;
   }
