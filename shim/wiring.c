@@ -131,8 +131,8 @@ static void say_unmanaged(const struct psa_stats *s)
   if (atomic_exchange(&unmanaged_said, true))
     return; /* the sampler and a launching thread both found it */
   ps_error("%.1f GiB of the device's memory in use is not psshim's: the program allocates it in a way psshim does not "
-           "serve (its own cuMemCreate, managed memory, a CUDA runtime linked into it), so it lies outside "
-           "PSSHIM_GPU_BUDGET and is never paged", (double)(used - known) / (1 << 30));
+           "serve (its own cuMemCreate, managed memory, a CUDA runtime linked into it), or another process holds it; "
+           "it lies outside PSSHIM_GPU_BUDGET and is never paged", (double)(used - known) / (1 << 30));
 }
 
 /* Iteration boundaries from the period detector, once trusted: an ITERATION record as each
