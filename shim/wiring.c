@@ -39,13 +39,6 @@ static pthread_t sampler;
 static _Atomic bool sampling, in_sample;
 static CUcontext sampler_ctx;
 
-/* A period is only a candidate iteration until two of its boundaries in a row find the
- * same bytes allocated, give or take STEADY_SLACK, with allocations between them (an
- * iteration allocates its activations): a layer's launches repeat as a step's do, but each
- * layer leaves its activations behind (megabytes), while a step may keep a few bytes (a
- * loss tensor a loop logs). Where a layer's period stood, plans and sharing rounds ran at
- * every layer, and the pager's first steps were slower than static placement's. Called
- * under period_lock, which is taken before the devices' locks. */
 /* A program whose allocator pools its memory (CuPy's, XLA's, torch's own caching allocator)
  * allocates nothing psshim sees once warm, so its iterations allocate nothing: a period is
  * trusted too once POOLED_BOUNDARIES boundaries in a row found the same live bytes and no
@@ -55,6 +48,13 @@ static CUcontext sampler_ctx;
 #define POOLED_BOUNDARIES 4
 static uint32_t quiet_boundaries; /* boundaries in a row: live bytes unchanged, nothing allocated */
 
+/* A period is only a candidate iteration until two of its boundaries in a row find the
+ * same bytes allocated, give or take STEADY_SLACK, with allocations between them (an
+ * iteration allocates its activations): a layer's launches repeat as a step's do, but each
+ * layer leaves its activations behind (megabytes), while a step may keep a few bytes (a
+ * loss tensor a loop logs). Where a layer's period stood, plans and sharing rounds ran at
+ * every layer, and the pager's first steps were slower than static placement's. Called
+ * under period_lock, which is taken before the devices' locks. */
 static void distrust(void)
 {
   trusted = false;
