@@ -22,8 +22,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Pinned copies over PCIe 5 x16 as measured: each direction alone, both at once. */
-static const double H2D = 55.4e9, D2H = 55.3e9, BOTH = 96.4e9;
 #define DEFAULT_MOMENT_NS 10000 /* a moment's duration when no launch times were seen */
 #define OUTLIER 16              /* a moment lasts at most 16 times the median (a stall, a print) */
 
@@ -199,7 +197,8 @@ static void make_plan(struct device *d, struct plan_exec *st)
         frames--;
     /* A chunk is quiescent only once the launches that used it have run, and the host may
      * be PSSHIM_RUNAHEAD launches ahead: a plan that moves sooner finds its moves refused. */
-    psp_costs costs = {.h2d = H2D, .d2h = D2H, .both = BOTH, .in_place = (double)ps_options.inplace_rate,
+    psp_costs costs = {.h2d = PSP_PCIE_H2D, .d2h = PSP_PCIE_D2H, .both = PSP_PCIE_BOTH,
+                       .in_place = (double)ps_options.inplace_rate,
                        .moment_ns = ns, .default_ns = DEFAULT_MOMENT_NS, .lag = ps_options.runahead};
     ok = psp_plan_make(st->sched, frames * d->chunk_size, &costs, &st->plan) == 0 && keep_fixes(d, st);
     size_t cap = 2 * (st->plan.n_moves + st->nfix) + 16; /* a move stays queued less than a lap */

@@ -158,6 +158,14 @@ int psp_simulate(const psp_schedule *s, uint64_t budget, psp_policy policy,
 
 /* ---- plan: when to move what, for an iteration that repeats ---- */
 
+/* Pinned copies over a PCIe 5 x16 link, as measured (shared/DESIGN.md), bytes/s: each
+ * direction alone, both at once; and a kernel reading pinned host memory in place. The
+ * rates the plan is made with where nothing measured them in the run. */
+#define PSP_PCIE_H2D 55.4e9
+#define PSP_PCIE_D2H 55.3e9
+#define PSP_PCIE_BOTH 96.4e9
+#define PSP_PCIE_IN_PLACE 51e9
+
 typedef struct psp_costs {
   double h2d, d2h;  /* copy rates, bytes/s, each direction alone */
   double both;      /* bytes/s of the two directions together while both copy */

@@ -5,9 +5,7 @@
 
 #include "tools/report.h"
 
-/* A PCIe 5 x16 link's rates, as measured (shared/DESIGN.md): each direction alone, both at
- * once, and a kernel reading pinned host memory in place. The trace holds no rates of its own. */
-static const double H2D = 55.4e9, D2H = 55.3e9, BOTH = 96.4e9, IN_PLACE = 51e9;
+/* The trace holds no rates of its own: policy/'s measured PCIe 5 ones (PSP_PCIE_*). */
 enum { DEFAULT_NS = 10000 }; /* a moment's duration when the trace has no launch times */
 
 /* Each moment's duration: the time from its launch to the next one's (to the window's
@@ -46,7 +44,8 @@ bool rp_plan(const struct rp_trace *t, const struct rp_accesses *a, uint32_t lag
   uint64_t footprint, least = 0, read_all, paged[2] = { 0, 0 };
   psp_schedule *s = rp_schedule(a, chunk, &chunks, &footprint);
   uint64_t *gaps = s ? launch_gaps(t, a) : NULL;
-  const psp_costs costs = { .h2d = H2D, .d2h = D2H, .both = BOTH, .in_place = IN_PLACE, .moment_ns = gaps,
+  const psp_costs costs = { .h2d = PSP_PCIE_H2D, .d2h = PSP_PCIE_D2H, .both = PSP_PCIE_BOTH,
+                            .in_place = PSP_PCIE_IN_PLACE, .moment_ns = gaps,
                             .default_ns = DEFAULT_NS, .lag = lag };
   psp_plan pl;
   bool ok = s && psp_plan_make(s, budget, &costs, &pl) == 0;
@@ -77,7 +76,7 @@ bool rp_plan(const struct rp_trace *t, const struct rp_accesses *a, uint32_t lag
   fprintf(out, "  step     %.4f s predicted: the moments %.4f s, %u of them waiting %.4f s for fetches\n",
           (double)pl.step_ns / 1e9, (double)pl.work_ns / 1e9, pl.waits, (double)pl.wait_ns / 1e9);
   fprintf(out, "  (copies at %.1f GB/s in, %.1f out, %.1f both, in place %.1f; a chunk movable %u moments after a use%s;\n"
-               "   moment durations %s)\n", H2D / 1e9, D2H / 1e9, BOTH / 1e9, IN_PLACE / 1e9, lag,
+               "   moment durations %s)\n", costs.h2d / 1e9, costs.d2h / 1e9, costs.both / 1e9, costs.in_place / 1e9, lag,
           lag == RP_DEFAULT_LAG ? ", PSSHIM_RUNAHEAD's default" : " (--lag)",
           costs.moment_ns ? "from the gaps between the trace's launches: host time, the run's own paging waits included"
                           : "unknown: 10 us each");
