@@ -121,12 +121,12 @@ static uint64_t device_used(void)
   return ps_driver.cuMemGetInfo_v2(&free_b, &total_b) == CUDA_SUCCESS ? total_b - free_b : UINT64_MAX;
 }
 
-static void say_unmanaged(const struct psa_stats *s)
+/* used: device_used()'s answer (UINT64_MAX: none). */
+static void say_unmanaged(const struct psa_stats *s, uint64_t used)
 {
-  uint64_t used = atomic_load(&unmanaged_said) ? UINT64_MAX : device_used();
   uint64_t known = used_at_start + s->gpu_frames * s->chunk_size;
   uint64_t say = s->gpu_budget / 4 > UNMANAGED_SAY ? s->gpu_budget / 4 : UNMANAGED_SAY;
-  if (used == UINT64_MAX || used <= known + say)
+  if (atomic_load(&unmanaged_said) || used == UINT64_MAX || used <= known + say)
     return;
   if (atomic_exchange(&unmanaged_said, true))
     return; /* the sampler and a launching thread both found it */
@@ -201,7 +201,8 @@ static uint64_t track_iteration(const struct ps_moment *l)
   if (boundary) {
     struct psa_stats s;
     psa_stats_boundary(!trusted_before, &s); /* the boundary that trusted it starts anew */
-    say_unmanaged(&s);
+    if (!atomic_load(&unmanaged_said))
+      say_unmanaged(&s, device_used());
     struct pst_record r = {.type = PST_REC_ITERATION,
                            .iteration = {.iteration = it, .period = per, .pager_ns = s.launch_ns,
                                          .turns_ns = s.plan_ns, .late_waits = s.late_waits,
@@ -241,7 +242,8 @@ static void *sample_main(void *arg)
     size_t free_b = 0, total_b = 0;
     /* The real driver's figures (psshim's door is not in the table); without them the
      * sample carries psshim's own counts only. */
-    if (ps_driver.cuMemGetInfo_v2(&free_b, &total_b) != CUDA_SUCCESS) {
+    bool known = ps_driver.cuMemGetInfo_v2(&free_b, &total_b) == CUDA_SUCCESS;
+    if (!known) {
       if (!said)
         ps_log(PS_LOG_WARN, "memory samples carry psshim's own counts only: cuMemGetInfo failed");
       said = true;
@@ -254,7 +256,7 @@ static void *sample_main(void *arg)
                                       .nonmodel_gpu_bytes = used > gpu ? used - gpu : 0,
                                       .device_free_bytes = free_b}};
     pst_trace_emit(&r);
-    say_unmanaged(&s); /* a program with no period has no boundary to say it at */
+    say_unmanaged(&s, known ? used : UINT64_MAX); /* a program with no period has no boundary to say it at */
     atomic_store(&in_sample, false);
     nanosleep(&period_ts, NULL);
   }
