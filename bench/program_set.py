@@ -36,11 +36,12 @@ import subprocess
 import sys
 import tempfile
 
+import benchlib
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 COMPAT = os.path.join(ROOT, "tests", "gpu", "compat")
 PROGS = os.path.join(HERE, "programs")
-H2D_BYTES_PER_S = 55.4e9  # pinned host->device copies on the H200 (../shared/DESIGN.md)
 MIB = 1 << 20
 
 # name, kind, script and arguments, seconds a run may take
@@ -204,7 +205,7 @@ def summarize(name, kind, runs, report):
     if least is not None and not per_iteration and mine:
         least //= len(mine["times"])  # no steady iteration: the whole run's bound, per step
     row["least_bytes_h2d"], row["least_over"] = least, "steady iteration" if per_iteration else "whole run / steps"
-    row["bound_step_s"] = max(row["native_step_s"], (least or 0) / H2D_BYTES_PER_S)
+    row["bound_step_s"] = max(row["native_step_s"], (least or 0) / benchlib.H2D_BYTES_PER_S)
     row["predicted_step_s"] = predicted
     return row
 
