@@ -39,7 +39,7 @@ with tempfile.TemporaryDirectory() as tmp:
     # Two processes writing one trace or statistics file would clobber it: the child's get
     # names of their own.
     env = {**os.environ, **{k: os.environ[k] + ".resumed" for k in ("PSSHIM_TRACE", "PSSHIM_STATS")
-                            if os.environ.get(k, "1") != "1"}}
+                            if os.environ.get(k) not in (None, "0", "1")}}  # 0 and 1 name no file
     child = subprocess.run([sys.executable, __file__, "--resume", path], capture_output=True, text=True, env=env)
 sys.stderr.write(child.stderr)
 lines = [l for l in child.stdout.splitlines() if l.startswith("RESUMED ")]
