@@ -132,8 +132,10 @@ int main(int argc, char **argv)
   for (int l = 0; pool && l < layers; l++)
     check(cudaFree(act[l]), "cudaFree");
   free(act);
-  if (own)
-    cuMemRelease(own);
+  if (own && cuMemRelease(own) != CUDA_SUCCESS) {
+    fprintf(stderr, "train_sim: cuMemRelease failed\n");
+    return 1;
+  }
   for (int l = 0; l < layers; l++) {
     check(cudaFree(param[l]), "cudaFree");
     check(cudaFree(state[l]), "cudaFree");
