@@ -11,7 +11,7 @@ Per workload: the native run first; its peak (torch.cuda.max_memory_allocated) h
 rounded down to psshim's 2 MiB chunk granularity is the budget. Then the same command with
 LD_PRELOAD=<--psshim-lib>, PSSHIM_GPU_BUDGET=<budget>, PSSHIM_STATS and PSSHIM_TRACE, then
 `psshim-report TRACE --least=<budget>`, whose LEAST TRAFFIC is the fewest bytes any placement
-must bring onto the GPU in a steady iteration at that budget. The target (issue 28) is
+must bring onto the GPU in a steady iteration at that budget. The target is
 1.5 x max(native step, least bytes in / 55.4 GB/s), and losses bitwise equal to native's,
 step by step. Every subprocess runs under a timeout; a failure is recorded with its status
 and the tail of its output. Writes one JSON (--out; the runs' logs, JSON, statistics and
@@ -83,7 +83,7 @@ def half_budget(peak: int) -> int:
 
 
 def target_s(native_step: float, least_bytes: float | None) -> float:
-    """Issue 28's target: 1.5 x max(native step, least bytes in at the H2D copy rate)."""
+    """The target: 1.5 x max(native step, least bytes in at the H2D copy rate)."""
     return TARGET_FACTOR * max(native_step, (least_bytes or 0) / benchlib.H2D_BYTES_PER_S)
 
 

@@ -24,7 +24,7 @@ GIB = 1 << 30
 # Exit status of gpt_train.py when the run ran out of memory (any other failure: 1).
 EXIT_OOM = 3
 
-# Copy bandwidths measured on the target H200 (PCIe Gen5 x16), /work/shared/DESIGN.md:
+# Copy bandwidths measured on the target H200 (PCIe Gen5 x16), policy/policy.h's PSP_PCIE_*:
 # pinned host->device 55.4 GB/s, device->host 55.3 GB/s, both at once 96.4 GB/s total.
 H2D_BYTES_PER_S = 55.4e9
 D2H_BYTES_PER_S = 55.3e9
@@ -35,8 +35,8 @@ PRESETS = {
     # ~135M parameters (GPT-2 small shape, untied 32k vocab): a quick GPU demo.
     "demo": dict(layers=12, hidden=768, heads=12, seq=1024, batch=8, vocab=32000,
                  steps=10, checkpoint=False),
-    # 2.68B parameters: the peer workload of the paging issue (DESIGN.md: native 0.338 s/step,
-    # 40.7 GiB peak on the H200; FSDP2 CPU offload at 16 GiB 1.42 s/step).
+    # 2.68B parameters: the paging benchmark's workload (bench/results/README.md: native
+    # 0.384 s/step, 41.23 GiB peak allocated on the H200).
     "gpt2.7b": dict(layers=32, hidden=2560, heads=20, seq=1024, batch=8, vocab=32000,
                     steps=10, checkpoint=True),
     # A few seconds on a CPU: for smoke tests of the scripts themselves.

@@ -21,7 +21,7 @@ timeout:
 Per run it records the median step time (warm-up excluded), TFLOPS, bytes copied per step
 each way and the achieved copy bandwidth (bytes per step / step time), the lower bound
 max(native step, H2D bytes / 55.4e9, D2H bytes / 55.3e9, both / 96.4e9) from the copy
-rates measured on the H200 (DESIGN.md), the bytes that crossed PCIe each way per step as
+rates measured on the H200 (policy/policy.h's PSP_PCIE_*), the bytes that crossed PCIe each way per step as
 NVML's counters saw them (gpt_train.py's "pcie": copies and kernels' in-place reads of host
 memory alike, which psshim's copy counters miss) and the same bound from those bytes
 ("PCIe bound") and native step plus their time on the link ("PCIe serial": the step if

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The activation set of issue 28 (bench/activation_set.py): ResNet-50 and the demo GPT without
+# The activation set (bench/activation_set.py): ResNet-50 and the demo GPT without
 # activation checkpointing, each natively and under psshim at half its native peak, beside
 # psshim-report's LEAST TRAFFIC at that budget. Here, first:
 #   tests/gpu/pack.sh && git describe --always --dirty > .gpu/commit

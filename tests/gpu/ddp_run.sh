@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The multi-GPU run of the sharding issue, in one device call on a kind with N >= 2 GPUs
+# The multi-GPU GPT run, in one device call on a kind with N >= 2 GPUs
 # (after tests/gpu/pack.sh here; device run: bash tests/gpu/ddp_run.sh, carrying .gpu,
-# NCCL_NVLS_ENABLE=0 as KINDS.md asks). torchrun --nproc_per_node=N of bench/gpt_train.py
+# NCCL_NVLS_ENABLE=0: NVLink multicast off). torchrun --nproc_per_node=N of bench/gpt_train.py
 # --ddp (the 2.68B GPT, deterministic, 20 steps):
 # 1. natively; 2. under psshim (auto) at a per-rank GPU budget of DDP_BUDGET (default 20G:
 #    model data, 16 bytes a parameter, is 43 GB, over 2x the budget); 3. FSDP2 with

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: this build against an earlier one, side by side on the 2.68B GPT (after
 # `PACK_BASE=<commit> tests/gpu/pack.sh` here; device: bash tests/gpu/mover_ab.sh, carrying
-# .gpu; it compared the mover thread with the pager before it).
+# .gpu).
 # One native run, then psshim auto (.gpu/libpsshim.so) and the earlier build
 # (.gpu/libpsshim-base.so) at MOVER_AB_RATIOS (default 1.25,3), in MOVER_AB_METHODS' order
 # (default psshim-auto,psshim-auto-base). Results in $OUT:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The sharded-paging figure of the multi-GPU issue, in one device call on a kind with N >= 2
+# The sharded-paging figure, in one device call on a kind with N >= 2
 # GPUs (after tests/gpu/pack.sh here; device run: bash tests/gpu/shard_run.sh, carrying
 # .gpu). bench/shard_read.py (SHARD_TENSORS x SHARD_MIB MiB of replicated tensors, default
 # 48 x 256 = 12 GiB, read every step) under psshim auto at SHARD_BUDGET per rank (default
