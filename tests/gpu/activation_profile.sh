@@ -5,8 +5,8 @@
 # .gpu/libpsshim.so), 20 steps, then one more under torch.profiler (--profile): the GPU's
 # busy share, kernel and copy time beside the step and the launching thread's steady pager
 # time (PSSHIM_STATS). Here, first:
-# tests/gpu/pack.sh (PACK_VARIANTS for the variants); then one device call carrying .gpu:
-#   PROFILE_LIBS=",room_when_crowded" bash tests/gpu/activation_profile.sh
+# tests/gpu/pack.sh (PACK_BASE=<commit> for libpsshim-base.so); then one device call carrying .gpu:
+#   PROFILE_LIBS=",base" bash tests/gpu/activation_profile.sh
 # In $OUT: each run's JSON, log and statistics; the table printed last.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit
