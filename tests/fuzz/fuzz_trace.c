@@ -4,7 +4,11 @@
  * 2. As the payload of one block of a trace file whose header and checksums this target
  *    writes, so the reader's own loop (blocks, unknown types, a bad record's rest) runs on
  *    it: damage behind sound checksums, which byte flips of a real file rarely reach.
+ * 3. As the blocks of a trace file, behind a sound file header: block headers of the input's
+ *    own making (a length field past PST_BLOCK_MAX under a sound header checksum,
+ *    corpus/trace/block_too_long) reach the reader's block checks.
  * Every record decoded sound must fit in what it was decoded from. */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,9 +63,11 @@ static void decode_all(const uint8_t *data, size_t size)
   free(s.ptrs);
 }
 
-static void read_as_file(const uint8_t *data, size_t size)
+/* Writes a sound file header, then (when `wrap`) a sound block header for data, then data,
+ * and reads the file to its end. */
+static void read_as_file(const uint8_t *data, size_t size, bool wrap)
 {
-  if (size > PST_BLOCK_MAX)
+  if (wrap && size > PST_BLOCK_MAX)
     return;
   int fd = memfd_create("fuzz_trace", 0);
   if (fd < 0)
@@ -72,8 +78,9 @@ static void read_as_file(const uint8_t *data, size_t size)
   pst_encode_block_header(block, data, (uint32_t)size);
   char path[64];
   snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-  if (write(fd, head, sizeof head) == (ssize_t)sizeof head && write(fd, block, sizeof block) == (ssize_t)sizeof block &&
-      write(fd, data, size) == (ssize_t)size) {
+  if (write(fd, head, sizeof head) == (ssize_t)sizeof head &&
+      (!wrap || write(fd, block, sizeof block) == (ssize_t)sizeof block) &&
+      (size == 0 || write(fd, data, size) == (ssize_t)size)) {
     char err[256];
     struct pst_reader *rd = pst_reader_open(path, err, sizeof err);
     if (!rd)
@@ -95,6 +102,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
   decode_all(data, size);
-  read_as_file(data, size);
+  read_as_file(data, size, true);
+  read_as_file(data, size, false);
   return 0;
 }

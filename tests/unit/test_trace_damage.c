@@ -213,6 +213,70 @@ static void test_corrupt_record_in_a_sound_block(void **state) {
   unlink(path);
 }
 
+/* A block whose length field exceeds PST_BLOCK_MAX is refused even when both its checksums
+ * hold (a crafted file: the writer never makes one), so the reader never reads more than its
+ * buffer holds; the blocks after it are still read. One of exactly PST_BLOCK_MAX is read. */
+static unsigned char *block_of(uint32_t len, const unsigned char *records, size_t nrecords) {
+  unsigned char *b = calloc(1, PST_BLOCK_HEADER_SIZE + (size_t)len);
+  assert_non_null(b);
+  assert_true(nrecords + PST_RECORD_HEADER_SIZE <= len);
+  memcpy(b + PST_BLOCK_HEADER_SIZE, records, nrecords);
+  /* the rest: one record of a type no version has, skipped by its length */
+  const uint16_t unknown = 0x7777;
+  const uint32_t rest = len - (uint32_t)nrecords - PST_RECORD_HEADER_SIZE;
+  memcpy(b + PST_BLOCK_HEADER_SIZE + nrecords, &unknown, 2);
+  memcpy(b + PST_BLOCK_HEADER_SIZE + nrecords + 4, &rest, 4);
+  pst_encode_block_header(b, b + PST_BLOCK_HEADER_SIZE, len);
+  return b;
+}
+
+static void test_block_longer_than_max_refused(void **state) {
+  (void)state;
+  size_t size;
+  unsigned char *data = test_read_file(small_trace(), &size);
+  struct trace_read whole, t;
+  assert_true(test_trace_read(small_trace(), &whole));
+  uint32_t len1;
+  memcpy(&len1, data + PST_FILE_HEADER_SIZE + 4, 4);
+  const size_t first = PST_FILE_HEADER_SIZE, second = first + PST_BLOCK_HEADER_SIZE + len1;
+  const char *path = test_trace_path("longblock");
+  for (uint32_t extra = 0; extra <= 8; extra += 8) {
+    /* the first block's records, carried in a block of PST_BLOCK_MAX + extra bytes */
+    const uint32_t len = PST_BLOCK_MAX + extra;
+    unsigned char *b = block_of(len, data + first + PST_BLOCK_HEADER_SIZE, len1);
+    uint32_t got_len, crc;
+    assert_int_equal(pst_decode_block_header(b, &got_len, &crc), extra == 0);
+    const size_t crafted = PST_FILE_HEADER_SIZE + PST_BLOCK_HEADER_SIZE + (size_t)len + (size - second);
+    unsigned char *file = malloc(crafted);
+    assert_non_null(file);
+    memcpy(file, data, PST_FILE_HEADER_SIZE);
+    memcpy(file + PST_FILE_HEADER_SIZE, b, PST_BLOCK_HEADER_SIZE + (size_t)len);
+    memcpy(file + PST_FILE_HEADER_SIZE + PST_BLOCK_HEADER_SIZE + len, data + second, size - second);
+    test_write_file(path, file, crafted);
+    assert_true(test_trace_read(path, &t));
+    assert_true(t.stats.clean_end); /* the blocks after it were read */
+    assert_int_equal(t.stats.good_bytes + t.stats.lost_bytes, crafted);
+    if (extra == 0) { /* at the maximum: read whole, the same records as the trace */
+      assert_int_equal(t.stats.bad_blocks, 0);
+      assert_int_equal(t.n, whole.n);
+      assert_int_equal(t.stats.unknown_records, 1);
+    } else {
+      char want[64];
+      snprintf(want, sizeof want, "corrupt block at byte %zu", first);
+      assert_non_null(strstr(t.error, want));
+      assert_int_equal(t.stats.bad_blocks, 1);
+      assert_true(t.n < whole.n && t.n > whole.n / 2); /* the first block's records are not read */
+      assert_int_equal(t.stats.unknown_records, 0);
+    }
+    test_trace_read_free(&t);
+    free(file);
+    free(b);
+  }
+  test_trace_read_free(&whole);
+  free(data);
+  unlink(path);
+}
+
 /* An ITERATION record as version 1 first wrote it (16 bytes, no pager totals), or cut inside
  * the totals, reads as a mark without them; a whole one keeps them. */
 static void test_iteration_without_pager_totals(void **state) {
@@ -345,6 +409,7 @@ int main(void) {
     cmocka_unit_test(test_corruption_behind_checksums),
     cmocka_unit_test(test_corrupt_record_in_a_sound_block),
     cmocka_unit_test(test_reads_past_a_bad_block),
+    cmocka_unit_test(test_block_longer_than_max_refused),
     cmocka_unit_test(test_foreign_files),
     cmocka_unit_test(test_iteration_without_pager_totals),
     cmocka_unit_test(test_counts_against_length),
