@@ -44,6 +44,7 @@ struct scratch {
   _Atomic int connected; /* it reached the star */
   _Atomic int got_bytes, got_fds; /* what reached it from the job */
   char squatted[PSC_SEGMENT_NAMES][48]; /* segment names the stranger made: the test removes them */
+  char targets[PSC_SEGMENT_NAMES][56];  /* what planted links point at: removed too */
 };
 static struct scratch *scratch;
 
@@ -204,6 +205,69 @@ static void same_uid_process_not_a_rank_refused(void **state) {
   stranger_refused(false);
 }
 
+/* ---- each credential the star compares, one at a time ----
+ * docs/security.md: the peer's uid must be this process's. Its gid is not looked at: a rank
+ * whose gid differs is the job's own, and a process whose uid differs is refused though its
+ * gid equals this user's uid (root here: uid 0, gid 0). */
+
+enum field_case { RANK_OTHER_GID, RANK_OTHER_UID };
+
+static int ranks_one_field_off(int rank, void *arg) {
+  enum field_case c = *(enum field_case *)arg;
+  pid_t parent = getppid();
+  if (c == RANK_OTHER_GID && rank == 1 && (setgroups(0, NULL) != 0 || setresgid(NOBODY, NOBODY, NOBODY) != 0))
+    return 30;
+  if (!join()) return 10;
+  /* After the join (the segment is open already), the uid alone changes: the gid stays 0. */
+  if (c == RANK_OTHER_UID && rank == 1 &&
+      (setresuid(NOBODY, NOBODY, NOBODY) != 0 || prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent))
+    return 31;
+  int mine = frame(rank, RANK_MARK, PIECE), got[PSC_MAX_RANKS];
+  if (mine < 0) return 11;
+  if (c == RANK_OTHER_GID) {
+    int code = psc_share_fds(mine, got) ? all_frames_right(got) : 12;
+    psc_node_leave();
+    return code;
+  }
+  int code = psc_share_fds(mine, got) ? 20 : 0; /* rank 1 is not let in, so the exchange fails */
+  for (int r = 0; r < NRANKS; r++)
+    if (got[r] >= 0) {
+      int v[2];
+      frame_holds(got[r], v);
+      if (r == 1 || rank == 1) code = 21; /* a frame crossed between rank 1 and the others */
+      close(got[r]);
+    }
+  if (rank != 1) psc_node_leave();
+  return code;
+}
+
+static void rank_of_another_gid_joins(void **state) {
+  (void)state;
+  if (!root_or_skip()) skip();
+  enum field_case c = RANK_OTHER_GID;
+  struct rank_result res[NRANKS];
+  run_ranks(NRANKS, ranks_one_field_off, &c, LIMIT_S, res);
+  for (int r = 0; r < NRANKS; r++) {
+    assert_int_equal(res[r].code, 0);
+    assert_string_equal(res[r].err, "");
+  }
+}
+
+static void rank_of_another_uid_same_gid_refused(void **state) {
+  (void)state;
+  if (!root_or_skip()) skip();
+  setenv("PSSHIM_COMM_TIMEOUT_S", "3", 1); /* rank 0 waits for rank 1 until then */
+  assert_true(ps_options_parse(NULL, 0));
+  enum field_case c = RANK_OTHER_UID;
+  struct rank_result res[NRANKS];
+  run_ranks(NRANKS, ranks_one_field_off, &c, LIMIT_S, res);
+  for (int r = 0; r < NRANKS; r++) assert_int_equal(res[r].code, 0);
+  assert_non_null(strstr(res[0].err, "psshim: refused a connection to the ranks' socket star from pid"));
+  assert_non_null(strstr(res[0].err, "(uid 65534)"));
+  /* rank 1, under the other uid, does not take rank 0 for its rank 0 either */
+  assert_non_null(strstr(res[1].err, "which is not this job's rank 0"));
+}
+
 /* ---- a stranger holds the star's name ---- */
 
 /* Forked by rank 0: binds the star's name as another uid before rank 0 can, then plays
@@ -342,11 +406,15 @@ static void frame_of_wrong_kind_refused(void **state) {
  * name and says so). One of this user's, closed to others, whose creator is gone, is a
  * crashed run's: rank 0 replaces it and no one says anything. */
 
+enum planted { SEGMENT, FIFO, SYMLINK };
+
 struct plant {
   int count;         /* the first `count` names */
   bool other_uid;    /* made as another uid (nobody), else as this user */
   mode_t mode;
   bool dead_creator; /* its creator gone, else the planter itself, alive */
+  enum planted kind; /* SEGMENT: a whole one; FIFO: a named pipe; SYMLINK: a link to a whole
+                      * segment of this user's under another name (one a follower would join) */
 };
 
 /* Forked by rank 0 before the join: makes the first `count` segment names into segments
@@ -365,7 +433,20 @@ static int plant_segments(const struct plant *p) {
   for (int k = 0; k < p->count; k++) {
     char *name = scratch->squatted[k];
     psc_segment_name(r.job_key, k, name);
-    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, p->mode);
+    char path[80];
+    snprintf(path, sizeof path, "/dev/shm%s", name);
+    if (p->kind == FIFO) {
+      if (mkfifo(path, p->mode) != 0 || chmod(path, p->mode) != 0) return 5;
+      continue;
+    }
+    if (p->kind == SYMLINK) { /* the link's target: name + "-target", a whole segment */
+      char target[96];
+      memcpy(scratch->targets[k], name, strlen(name));
+      strcat(scratch->targets[k], "-target");
+      snprintf(target, sizeof target, "/dev/shm%s", scratch->targets[k]);
+      if (symlink(target, path) != 0) return 6;
+    }
+    int fd = shm_open(p->kind == SYMLINK ? scratch->targets[k] : name, O_RDWR | O_CREAT | O_EXCL, p->mode);
     if (fd < 0 || fchmod(fd, p->mode) != 0 || ftruncate(fd, sizeof(struct psc_node)) != 0) return 2;
     struct psc_node *node = mmap(NULL, sizeof *node, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (node == MAP_FAILED) return 3;
@@ -420,7 +501,10 @@ static void segments_planted(struct plant p, const char *line) {
   memset(scratch, 0, sizeof *scratch); /* a test may plant several times */
   run_ranks(NRANKS, ranks_beside_planted_segments, &p, LIMIT_S, res);
   for (int k = 0; k < PSC_SEGMENT_NAMES; k++) /* the names outlive their maker: removed here */
+  {
     if (scratch->squatted[k][0]) shm_unlink(scratch->squatted[k]);
+    if (scratch->targets[k][0]) shm_unlink(scratch->targets[k]);
+  }
   assert_int_equal(atomic_load(&scratch->ready), 1);
   for (int r = 0; r < NRANKS; r++) {
     assert_int_equal(res[r].code, 0);
@@ -437,31 +521,52 @@ static void segments_planted(struct plant p, const char *line) {
 static void squatted_segment_name_passed_over(void **state) {
   (void)state;
   if (!root_or_skip()) skip();
-  segments_planted((struct plant){1, true, 0666, false}, "is taken by a file this job may not use (another user's, or open to others): this job's ranks meet at");
+  segments_planted((struct plant){1, true, 0666, false, SEGMENT}, "is taken by a file this job may not use (another user's, or open to others): this job's ranks meet at");
   /* another uid's, closed to everyone else: its owner alone is enough to refuse it */
-  segments_planted((struct plant){1, true, 0600, false}, "is taken by a file this job may not use (another user's, or open to others): this job's ranks meet at");
+  segments_planted((struct plant){1, true, 0600, false, SEGMENT}, "is taken by a file this job may not use (another user's, or open to others): this job's ranks meet at");
 }
 
 static void all_segment_names_squatted_every_rank_alone_at_once(void **state) {
   (void)state;
   if (!root_or_skip()) skip();
-  segments_planted((struct plant){PSC_SEGMENT_NAMES, true, 0666, false}, "are all taken by files this job may not use");
+  segments_planted((struct plant){PSC_SEGMENT_NAMES, true, 0666, false, SEGMENT}, "are all taken by files this job may not use");
 }
 
 /* This user's own segment that its group or others may open (read or write) is passed over
  * as another user's would be: whoever else could open it could read the star's salt. */
 static void own_segment_others_may_open_passed_over(void **state) {
   (void)state;
-  const mode_t modes[] = {0640, 0620, 0660, 0604, 0602, 0606};
+  const mode_t modes[] = {0640, 0620, 0610, 0660, 0604, 0602, 0601, 0606};
   for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)
-    segments_planted((struct plant){1, false, modes[i], false},
+    segments_planted((struct plant){1, false, modes[i], false, SEGMENT},
                      "is taken by a file this job may not use (another user's, or open to others): this job's ranks meet at");
+}
+
+/* A named pipe under the first name, this user's and closed to others in all but kind: no
+ * open of it blocks (rank 0's sweep of abandoned segments reads every psshim- name), and it is
+ * passed over as a file this job may not use. Another user's, open to all, likewise. */
+static void planted_fifo_neither_blocks_nor_joined(void **state) {
+  (void)state;
+  segments_planted((struct plant){1, false, 0600, false, FIFO},
+                   "is taken by a file this job may not use (another user's, or open to others): this job's ranks meet at");
+  if (geteuid() == 0)
+    segments_planted((struct plant){1, true, 0666, false, FIFO},
+                     "is taken by a file this job may not use (another user's, or open to others): this job's ranks meet at");
+}
+
+/* A link under the first name to a whole segment of this user's, closed to others, its
+ * creator alive: a rank that followed it would join (or wait on) a segment the job never
+ * made. No open follows it: the name is passed over. */
+static void planted_symlink_not_followed(void **state) {
+  (void)state;
+  segments_planted((struct plant){1, false, 0600, false, SYMLINK},
+                   "is taken by a file this job may not use (another user's, or open to others): this job's ranks meet at");
 }
 
 /* This user's own, closed to others, its creator gone: replaced at the same name, silently. */
 static void own_stale_segment_replaced(void **state) {
   (void)state;
-  segments_planted((struct plant){1, false, 0600, true}, NULL);
+  segments_planted((struct plant){1, false, 0600, true, SEGMENT}, NULL);
 }
 
 int main(void) {
@@ -476,6 +581,10 @@ int main(void) {
       cmocka_unit_test_setup(all_segment_names_squatted_every_rank_alone_at_once, setup),
       cmocka_unit_test_setup(own_segment_others_may_open_passed_over, setup),
       cmocka_unit_test_setup(own_stale_segment_replaced, setup),
+      cmocka_unit_test_setup(planted_fifo_neither_blocks_nor_joined, setup),
+      cmocka_unit_test_setup(planted_symlink_not_followed, setup),
+      cmocka_unit_test_setup(rank_of_another_gid_joins, setup),
+      cmocka_unit_test_setup(rank_of_another_uid_same_gid_refused, setup),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
