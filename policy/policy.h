@@ -75,6 +75,43 @@ void psp_period_feed(psp_period *d, uint64_t signature);  /* O(1) */
  * is asked at least once per (repeats + 1) * max_period launches. */
 bool psp_period_get(psp_period *d, uint32_t *period, uint64_t *phase_start);
 
+/* ---- trust: whether a detected period is the training iteration ---- */
+
+/* A period is only a candidate iteration until two of its boundaries in a row find the
+ * same bytes allocated, give or take PSP_TRUST_SLACK, with allocations between them (an
+ * iteration allocates its activations): a layer's launches repeat as a step's do, but each
+ * layer leaves its activations behind (megabytes), while a step may keep a few bytes (a
+ * loss tensor a loop logs). Where a layer's period stood, plans and sharing rounds ran at
+ * every layer, and the pager's first steps were slower than static placement's.
+ *
+ * A program whose allocator pools its memory (CuPy's, XLA's, torch's own caching
+ * allocator) allocates nothing psshim sees once warm, so its iterations allocate nothing:
+ * a period is trusted too once PSP_TRUST_POOLED boundaries in a row found the same live
+ * bytes and no allocation since the one before. A part of a step that repeats without
+ * allocating (a loop over layers that keeps nothing) seldom lasts that long, and the
+ * step's next part, no longer periodic, drops it. */
+#define PSP_TRUST_SLACK (1u << 20) /* live bytes steady boundaries differ by: less than this */
+#define PSP_TRUST_POOLED 4
+/* One period's trust, fed its boundaries as they come. Zeroed = reset. */
+typedef struct psp_trust {
+  bool trusted;   /* read freely; only the functions below write it */
+  bool seen;      /* a boundary since the reset: live and allocs are the last one's */
+  uint32_t quiet; /* boundaries in a row: live bytes unchanged, nothing allocated */
+  uint64_t live, allocs;
+} psp_trust;
+/* A new period, or none: untrusted, no boundary seen. */
+void psp_trust_reset(psp_trust *t);
+/* A boundary of the period: live bytes then and allocations made so far (a count that
+ * only grows). Returns whether the period is trusted after it; a trusted period's
+ * boundaries change nothing. */
+bool psp_trust_boundary(psp_trust *t, uint64_t live, uint64_t allocs);
+/* A boundary the period passed before it was adopted, taken as its last without judging
+ * it: the next boundary can trust the period without waiting for two more. */
+void psp_trust_passed(psp_trust *t, uint64_t live, uint64_t allocs);
+/* The rule for two boundaries in a row: allocations between them, live bytes within the
+ * slack. */
+bool psp_trust_steady(uint64_t live_was, uint64_t allocs_was, uint64_t live_now, uint64_t allocs_now);
+
 /* ---- eviction ---- */
 
 typedef struct psp_cand {
