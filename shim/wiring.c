@@ -18,16 +18,13 @@
 #define MAX_PERIOD 65536     /* launches per iteration that can be recognised */
 #define PERIOD_ASK_MAX 4096 /* launches between period queries (each costs up to ms) */
 #define PERIOD_ASK_UNTRUSTED 1024 /* while no period is trusted: those steps are the slow ones */
-#define STEADY_SLACK (1u << 20) /* live bytes a trusted period's boundaries may differ by */
-#define NO_LIVE UINT64_MAX
 #define HISTORY (4 * MAX_PERIOD) /* launches whose live bytes are kept: a power of two */
 
 static pthread_mutex_t period_lock = PTHREAD_MUTEX_INITIALIZER;
 static psp_period *detector;
 static uint64_t fed, next_ask, next_boundary, iteration;
 static uint32_t period, candidate; /* adopted period, and the last one the detector gave */
-static bool trusted; /* period's boundaries have come back to the same live bytes */
-static uint64_t live_at_boundary, allocs_at_boundary; /* at period's last boundary (NO_LIVE: none yet) */
+static psp_trust trust; /* whether period is the iteration (policy.h) */
 static _Atomic uint32_t adopted; /* period once trusted (else 0), readable without the lock */
 static uint64_t adopted_at; /* launches fed when it was */
 /* Live bytes and allocations made as each launch was fed (fed & (HISTORY - 1)), so that a
@@ -39,56 +36,16 @@ static pthread_t sampler;
 static _Atomic bool sampling, in_sample;
 static CUcontext sampler_ctx;
 
-/* A program whose allocator pools its memory (CuPy's, XLA's, torch's own caching allocator)
- * allocates nothing psshim sees once warm, so its iterations allocate nothing: a period is
- * trusted too once POOLED_BOUNDARIES boundaries in a row found the same live bytes and no
- * allocation between any of them. A part of a step that repeats without allocating (a loop
- * over layers that keeps nothing) seldom lasts that long, and the step's next part, no
- * longer periodic, drops it. */
-#define POOLED_BOUNDARIES 4
-static uint32_t quiet_boundaries; /* boundaries in a row: live bytes unchanged, nothing allocated */
-
-/* A period is only a candidate iteration until two of its boundaries in a row find the
- * same bytes allocated, give or take STEADY_SLACK, with allocations between them (an
- * iteration allocates its activations): a layer's launches repeat as a step's do, but each
- * layer leaves its activations behind (megabytes), while a step may keep a few bytes (a
- * loss tensor a loop logs). Where a layer's period stood, plans and sharing rounds ran at
- * every layer, and the pager's first steps were slower than static placement's. Called
- * under period_lock, which is taken before the devices' locks. */
+/* A new period, or none: the pager runs without one until it is trusted. Called under
+ * period_lock, which is taken before the devices' locks. */
 static void distrust(void)
 {
-  trusted = false;
-  live_at_boundary = NO_LIVE;
-  quiet_boundaries = 0;
+  psp_trust_reset(&trust);
   atomic_store_explicit(&adopted, 0, memory_order_relaxed);
 }
 
-static bool same_live(uint64_t was, uint64_t now)
-{
-  return was != NO_LIVE && (now > was ? now - was : was - now) < STEADY_SLACK;
-}
-
-static bool steady(uint64_t was, uint64_t allocs_was, uint64_t now, uint64_t allocs_now)
-{
-  return allocs_now > allocs_was && same_live(was, now);
-}
-
-static void trust_if_steady(void)
-{
-  uint64_t now, allocs;
-  psa_live_now(&now, &allocs);
-  quiet_boundaries = same_live(live_at_boundary, now) && allocs == allocs_at_boundary ? quiet_boundaries + 1 : 0;
-  if (steady(live_at_boundary, allocs_at_boundary, now, allocs) || quiet_boundaries >= POOLED_BOUNDARIES) {
-    trusted = true;
-    adopted_at = fed;
-    atomic_store_explicit(&adopted, period, memory_order_relaxed);
-  }
-  live_at_boundary = now;
-  allocs_at_boundary = allocs;
-}
-
 /* Whether period p's last two boundaries before `next` (its next one) found the same live
- * bytes, by the rule trust_if_steady applies as boundaries come. Then the next boundary
+ * bytes, by the rule psp_trust_boundary applies as boundaries come. Then the next boundary
  * can trust it without waiting two more iterations: before trust placement is static's,
  * and a crowded run's steps then are many times a steady one. Not at once, mid-iteration:
  * that saves one more slow step, but plans begun mid-iteration left a placement that
@@ -99,7 +56,7 @@ static bool passed_steady(uint32_t p, uint64_t next)
   if (!history || last < (uint64_t)p + 1 || fed - (last - p) >= HISTORY)
     return false;
   uint64_t a = (last - p) & (HISTORY - 1), b = last & (HISTORY - 1);
-  return steady(history[a].live, history[a].allocs, history[b].live, history[b].allocs);
+  return psp_trust_steady(history[a].live, history[a].allocs, history[b].live, history[b].allocs);
 }
 
 /* Device memory in use beyond psshim's GPU frames and what was in use when psshim set the
@@ -147,7 +104,7 @@ static uint64_t track_iteration(const struct ps_moment *l)
   if (fed >= next_ask) {
     /* Ask early and then more rarely: short programs get their period, long ones pay
      * little. By launches, not time: ranks must meet the same boundaries. */
-    uint64_t most = trusted ? PERIOD_ASK_MAX : PERIOD_ASK_UNTRUSTED;
+    uint64_t most = trust.trusted ? PERIOD_ASK_MAX : PERIOD_ASK_UNTRUSTED;
     next_ask = fed + (fed < most ? (fed < 64 ? 64 : fed) : most);
     uint32_t p = 0;
     uint64_t phase = 0;
@@ -169,10 +126,9 @@ static uint64_t track_iteration(const struct ps_moment *l)
         period = p;
         distrust();
         next_boundary = next;
-        if (seen) { /* the next boundary trusts it, if steady once more */
-          live_at_boundary = history[(next - p) & (HISTORY - 1)].live;
-          allocs_at_boundary = history[(next - p) & (HISTORY - 1)].allocs;
-        }
+        if (seen) /* the next boundary trusts it, if steady once more */
+          psp_trust_passed(&trust, history[(next - p) & (HISTORY - 1)].live,
+                           history[(next - p) & (HISTORY - 1)].allocs);
       } else {
         /* A new candidate is confirmed (or not) two of its periods later, not after the
          * doubling wait: a 24-launch loop asked at 130 and 260 launches would otherwise
@@ -187,12 +143,18 @@ static uint64_t track_iteration(const struct ps_moment *l)
     }
     candidate = found ? p : 0;
   }
-  bool boundary = period && fed >= next_boundary, trusted_before = trusted;
+  bool boundary = period && fed >= next_boundary, trusted_before = trust.trusted;
   if (boundary) {
     next_boundary += period;
-    if (!trusted)
-      trust_if_steady();
-    boundary = trusted;
+    if (!trusted_before) {
+      uint64_t live, allocs;
+      psa_live_now(&live, &allocs);
+      if (psp_trust_boundary(&trust, live, allocs)) {
+        adopted_at = fed;
+        atomic_store_explicit(&adopted, period, memory_order_relaxed);
+      }
+    }
+    boundary = trust.trusted;
   }
   uint64_t it = boundary ? ++iteration : iteration;
   uint32_t per = period;
