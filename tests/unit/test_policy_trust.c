@@ -104,6 +104,13 @@ static void test_steady_needs_allocations(void **state)
   assert_false(psp_trust_boundary(&t, LIVE, 10));
 }
 
+/* The quiet boundaries of a pooled run short of the one that trusts it: none does. */
+static void quiet_short_of_trust(psp_trust *t, uint64_t live, uint64_t allocs)
+{
+  for (int quiet = 1; quiet < PSP_TRUST_POOLED; quiet++)
+    assert_false(psp_trust_boundary(t, live, allocs));
+}
+
 /* A pooling allocator's program allocates nothing psshim sees once warm: trusted at the
  * PSP_TRUST_POOLED-th quiet boundary after the first, not one before. */
 static void test_pooled_trusts_after_exact_count(void **state)
@@ -112,7 +119,7 @@ static void test_pooled_trusts_after_exact_count(void **state)
   psp_trust t = fresh();
   assert_false(psp_trust_boundary(&t, LIVE, 40));
   for (int quiet = 1; quiet < PSP_TRUST_POOLED; quiet++)
-    assert_false(psp_trust_boundary(&t, LIVE + (uint64_t)quiet, 40));
+    assert_false(psp_trust_boundary(&t, LIVE + (uint64_t)quiet, 40)); /* a few bytes kept */
   assert_true(psp_trust_boundary(&t, LIVE, 40));
 }
 
@@ -122,11 +129,9 @@ static void test_pooled_count_restarts(void **state)
   (void)state;
   psp_trust t = fresh();
   psp_trust_boundary(&t, LIVE, 40);
-  for (int quiet = 1; quiet < PSP_TRUST_POOLED; quiet++)
-    assert_false(psp_trust_boundary(&t, LIVE, 40));
+  quiet_short_of_trust(&t, LIVE, 40);
   assert_false(psp_trust_boundary(&t, LIVE + 64 * MIB, 40)); /* freed nothing, grew: no step */
-  for (int quiet = 1; quiet < PSP_TRUST_POOLED; quiet++)
-    assert_false(psp_trust_boundary(&t, LIVE + 64 * MIB, 40));
+  quiet_short_of_trust(&t, LIVE + 64 * MIB, 40);
   assert_true(psp_trust_boundary(&t, LIVE + 64 * MIB, 40));
 }
 
@@ -142,27 +147,20 @@ static void test_reset_forgets(void **state)
   assert_false(psp_trust_boundary(&t, LIVE, 30));
   assert_true(psp_trust_boundary(&t, LIVE, 40));
 
-  /* the quiet count is forgotten too */
-  t = fresh();
-  psp_trust_boundary(&t, LIVE, 10);
-  for (int quiet = 1; quiet < PSP_TRUST_POOLED; quiet++)
+  /* the quiet count is forgotten too, whether the first boundary after the reset comes or
+   * was passed already */
+  for (int passed = 0; passed < 2; passed++) {
+    t = fresh();
     psp_trust_boundary(&t, LIVE, 10);
-  psp_trust_reset(&t);
-  assert_false(psp_trust_boundary(&t, LIVE, 10));
-  for (int quiet = 1; quiet < PSP_TRUST_POOLED; quiet++)
-    assert_false(psp_trust_boundary(&t, LIVE, 10));
-  assert_true(psp_trust_boundary(&t, LIVE, 10));
-
-  /* also where a boundary already passed is the first after the reset */
-  t = fresh();
-  psp_trust_boundary(&t, LIVE, 10);
-  for (int quiet = 1; quiet < PSP_TRUST_POOLED; quiet++)
-    psp_trust_boundary(&t, LIVE, 10);
-  psp_trust_reset(&t);
-  psp_trust_passed(&t, LIVE, 10);
-  for (int quiet = 1; quiet < PSP_TRUST_POOLED; quiet++)
-    assert_false(psp_trust_boundary(&t, LIVE, 10));
-  assert_true(psp_trust_boundary(&t, LIVE, 10));
+    quiet_short_of_trust(&t, LIVE, 10);
+    psp_trust_reset(&t);
+    if (passed)
+      psp_trust_passed(&t, LIVE, 10);
+    else
+      assert_false(psp_trust_boundary(&t, LIVE, 10));
+    quiet_short_of_trust(&t, LIVE, 10);
+    assert_true(psp_trust_boundary(&t, LIVE, 10));
+  }
 }
 
 /* Once trusted, boundaries change nothing: the period stays trusted until reset. */
@@ -194,8 +192,7 @@ static void test_passed_boundary(void **state)
   /* it counts as the first of a pooled run, not as a quiet boundary */
   t = fresh();
   psp_trust_passed(&t, LIVE, 10);
-  for (int quiet = 1; quiet < PSP_TRUST_POOLED; quiet++)
-    assert_false(psp_trust_boundary(&t, LIVE, 10));
+  quiet_short_of_trust(&t, LIVE, 10);
   assert_true(psp_trust_boundary(&t, LIVE, 10));
 }
 
