@@ -9,7 +9,8 @@
  * the driver both ways; handles with psshim's mark that name nothing (another token,
  * another base) fail with cudaErrorInvalidValue, not a crash; a child with PSSHIM_DISABLE=1
  * fails likewise; the driver's doors (dlsym'd cuIpcOpenMemHandle_v2, cuIpcCloseMemHandle)
- * open the handle too. Each check prints its name; any failure exits non-zero.
+ * open the handle too; closing a handle waits for the work queued on its range. Each check
+ * prints its name; any failure exits non-zero.
  * Usage: ipc_sim [steps]  (the child: ipc_sim child HANDLE PLAIN_HANDLE COLD_HANDLE) */
 #define SIM_NAME "ipc_sim"
 #include "tests/integration/check.h"
@@ -68,6 +69,21 @@ static bool from_hex(const char *s, void *p, size_t n)
   return true;
 }
 
+/* stall(): holds its stream 300 ms, so what is queued behind it is still queued. */
+static void stall_fn(void **args, void *user)
+{
+  (void)args, (void)user;
+  usleep(300000);
+}
+
+static CUfunction stall_kernel(void)
+{
+  static CUfunction f;
+  if (!f)
+    f = fakecuda_register_kernel("stall", stall_fn, NULL, 0, NULL);
+  return f;
+}
+
 /* ---- the child: commands on stdin, one answer line each on stdout ---- */
 
 static void say(const char *line)
@@ -116,6 +132,23 @@ static int child(const char *hex, const char *plain_hex, const char *cold_hex)
                   cudaMemcpy(&first, (void *)q, 4, cudaMemcpyDeviceToHost) == cudaSuccess &&
                   first == pattern('C', 0) && close_h(q) == CUDA_SUCCESS;
       say(seen ? "driver doors ok" : "driver doors failed");
+    } else if (strcmp(cmd, "queued\n") == 0) {
+      /* A copy out of the range queued behind a slow kernel when the handle is closed: the
+       * close waits for it (cuMemUnmap does not wait, and the strict driver aborts on an
+       * unmap under queued work), so at its return the copy has read the parent's values. */
+      void *q = NULL;
+      cudaStream_t qs;
+      uint32_t got[1024] = {0};
+      bool ok = cudaIpcOpenMemHandle(&q, h, cudaIpcMemLazyEnablePeerAccess) == cudaSuccess &&
+                cudaStreamCreateWithFlags(&qs, cudaStreamNonBlocking) == cudaSuccess;
+      if (ok) {
+        launch(stall_kernel(), NULL, qs);
+        ok = cudaMemcpyAsync(got, q, sizeof got, cudaMemcpyDeviceToHost, qs) == cudaSuccess &&
+             cudaIpcCloseMemHandle(q) == cudaSuccess;
+        ok = ok && mismatches(got, 'C', sizeof got) == 0; /* read before the close returned */
+        ok = cudaStreamSynchronize(qs) == cudaSuccess && ok;
+      }
+      say(ok ? "queued ok" : "queued failed");
     } else if (strcmp(cmd, "strangers\n") == 0) {
       /* psshim's mark, but another token (no such service), or a base it never exported. */
       cudaIpcMemHandle_t bad = h;
@@ -344,6 +377,7 @@ int main(int argc, char **argv)
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   CHECK("the child sees the parent's later writes", ask(&k, "check", "C seen"));
   CHECK("the driver's doors open and close it too", ask(&k, "driver", "driver doors ok"));
+  CHECK("closing a handle waits for work queued on its range", ask(&k, "queued", "queued ok"));
   CHECK("handles that name nothing are refused, others pass through", ask(&k, "strangers", "strangers refused"));
   CHECK("the child opens, reads and writes memory on a host frame", ask(&k, "host", "host ok"));
   check(cudaMemcpy(host, cold, COLD_BYTES, cudaMemcpyDeviceToHost), "cudaMemcpy");

@@ -365,6 +365,32 @@ PY
   done
   echo "an allocation-sequence mismatch is named on every rank: $(head -1 "$tmp/other_allocs.0.err")"
   ;;
+shard_spots)
+  # The sharing checksum covers every byte of a chunk: 40 replicated buffers of a chunk each
+  # (tests/integration/shard_sim.c, SPOTS), never touched; with SPOT_DIFFER=1 rank 1's buffer
+  # j differs from rank 0's in one byte at its own offset (each offset modulo 32, spread over
+  # the chunk; the first, last and middle bytes; the tail past the last whole 32-byte block).
+  # None may be shared (a shared one gives a rank the other's byte: a mismatch, and shard_sim
+  # exits 1), and alike most of them are: at least 30 chunks more shared than when they
+  # differ (only host frames are shared, and a buffer may straddle two chunks).
+  spots=(PSSHIM_CHUNK_SIZE=4M PSSHIM_GPU_BUDGET=8M PSSHIM_HOST_BUDGET=512M PSSHIM_POLICY=auto PSSHIM_RUNAHEAD=4
+         PSSHIM_CUPTI="$FAKE_CUPTI" PSSHIM_MOVER=0 SPOTS=40)
+  for differ in 0 1; do
+    ARGS="16 60" two_ranks spots$differ "${spots[@]}" SPOT_DIFFER=$differ
+    for r in 0 1; do
+      [ "$(eval echo \$status$r)" = 0 ] ||
+        fail "spots, differ $differ, rank $r: $(cat "$tmp/spots$differ.$r.out" "$tmp/spots$differ.$r.err")"
+    done
+  done
+  python3 - "$tmp" <<'PY' || fail "spots: sharing"
+import json, sys
+t = sys.argv[1]
+shares = {d: [json.load(open(f"{t}/spots{d}.{r}.json"))["shares"] for r in (0, 1)] for d in (0, 1)}
+print(f"  chunks shared: buffers alike {shares[0]}, each differing in one byte {shares[1]}")
+assert shares[0][0] == shares[0][1] and shares[1][0] == shares[1][1], "the ranks did not share the same chunks"
+assert shares[0][0] - shares[1][0] >= 30, "the alike spots were not shared: the test shows nothing"
+PY
+  ;;
 shard)
   # Sharding on random programs (tests/integration/shard_sim.c): replicated buffers never
   # touched again, replicated ones updated every step, rank-private ones, and a late write

@@ -14,6 +14,12 @@
  * make that chunk its own if it is shared (psshim then leaves it unmapped: the write faults).
  * DEVICE_PER_RANK=1 runs rank r on device r, as a torchrun job does (the driver needs
  * FAKECUDA_DEVICE_COUNT ranks).
+ * SPOTS=n (n <= 40) adds n replicated buffers of CHUNK bytes less 20 (a byte count no
+ * multiple of 32: the checksum's tail), never touched; with SPOT_DIFFER=1 rank 1's buffer j
+ * differs from rank 0's in the one byte at spot j: every offset modulo 32 once (each byte of
+ * each 8-byte lane), spread over the buffer (even and odd 32-byte blocks), then its first and
+ * last bytes, the last of its whole 32-byte blocks, and both sides of its middle. A chunk
+ * shared though it differs gives one rank the other's byte there: a mismatch.
  * Every buffer is read back and compared with a host mirror at the end.
  * Prints: checksum, mismatches, and the host frame bytes the driver held after the steps.
  * Usage: shard_sim seed steps */
@@ -24,7 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-enum kind { COLD, HOT, PRIVATE, READ };
+enum kind { COLD, HOT, PRIVATE, READ, SPOT };
 struct buffer {
   enum kind kind;
   uint64_t words;
@@ -84,6 +90,16 @@ static void poke_fn(void **args, void *user)
   **(uint32_t **)args[0] = *(uint32_t *)args[1];
 }
 
+/* The byte offset spot j names in a buffer of `bytes` (see SPOTS above). */
+static uint64_t spot(int j, uint64_t bytes)
+{
+  uint64_t blocks = bytes / 32;
+  if (j < 32)
+    return (uint64_t)j + 32 * (((uint64_t)j * 4099 + 7) % blocks);
+  const uint64_t edges[] = {0, bytes - 1, bytes - 2, blocks * 32 - 1, bytes / 2 - 1, bytes / 2, 1, 8};
+  return edges[(j - 32) % 8];
+}
+
 int main(int argc, char **argv)
 {
   uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 10) : 1;
@@ -105,15 +121,23 @@ int main(int argc, char **argv)
   cudaStream_t s;
   check(cudaStreamCreate(&s), "cudaStreamCreate");
 
-  int nrandom = 10 + (int)(next() % 6), nbuf = nrandom + readers, poked = -1;
+  int spots = getenv("SPOTS") ? atoi(getenv("SPOTS")) : 0;
+  int spot_differ = getenv("SPOT_DIFFER") && atoi(getenv("SPOT_DIFFER")) && rank == 1;
+  uint64_t chunk = getenv("PSSHIM_CHUNK_SIZE") ? strtoull(getenv("PSSHIM_CHUNK_SIZE"), NULL, 10) << 20 : 2u << 20;
+  spots = spots < 0 ? 0 : spots > 40 ? 40 : spots;
+  int nrandom = 10 + (int)(next() % 6), nbuf = nrandom + readers + spots, poked = -1;
   struct buffer *buf = calloc((size_t)nbuf, sizeof *buf);
   for (int b = 0; b < nbuf; b++) {
     uint64_t r = next() % 10;
-    buf[b].kind = b >= nrandom ? READ : r < 5 ? COLD : r < 7 ? HOT : PRIVATE;
+    buf[b].kind = b >= nrandom + readers ? SPOT : b >= nrandom ? READ : r < 5 ? COLD : r < 7 ? HOT : PRIVATE;
     buf[b].words = (16 + next() % (6u << 18)) & ~(uint64_t)1023; /* 4 KiB to 6 MiB */
+    if (buf[b].kind == SPOT)
+      buf[b].words = (chunk - 20) / 4;
     buf[b].mirror = malloc(buf[b].words * 4);
     for (uint64_t i = 0; i < buf[b].words; i++)
       buf[b].mirror[i] = word_of(seed, b, i, buf[b].kind == PRIVATE ? rank + 1 : 0);
+    if (buf[b].kind == SPOT && spot_differ)
+      ((unsigned char *)buf[b].mirror)[spot(b - nrandom - readers, buf[b].words * 4)] ^= 0x5a;
     if (buf[b].kind == COLD && poked < 0) {
       poked = b;
       buf[b].mirror[1] += (uint32_t)diverge;
