@@ -369,7 +369,7 @@ shard_spots)
   # The sharing checksum covers every byte of a chunk: 40 replicated buffers of a chunk each
   # (tests/integration/shard_sim.c, SPOTS), never touched; with SPOT_DIFFER=1 rank 1's buffer
   # j differs from rank 0's in one byte at its own offset (each offset modulo 32, spread over
-  # the chunk; the first, last and middle bytes; the tail past the last whole 32-byte block).
+  # the chunk, in even and odd 32-byte blocks; the first, last and middle bytes).
   # None may be shared (a shared one gives a rank the other's byte: a mismatch, and shard_sim
   # exits 1), and alike most of them are: at least 30 chunks more shared than when they
   # differ (only host frames are shared, and a buffer may straddle two chunks).

@@ -14,8 +14,8 @@
  * make that chunk its own if it is shared (psshim then leaves it unmapped: the write faults).
  * DEVICE_PER_RANK=1 runs rank r on device r, as a torchrun job does (the driver needs
  * FAKECUDA_DEVICE_COUNT ranks).
- * SPOTS=n (n <= 40) adds n replicated buffers of CHUNK bytes less 20 (a byte count no
- * multiple of 32: the checksum's tail), never touched; with SPOT_DIFFER=1 rank 1's buffer j
+ * SPOTS=n (n <= 40) adds n replicated buffers of CHUNK bytes less 20 (psshim rounds the
+ * allocation up to 512), never touched; with SPOT_DIFFER=1 rank 1's buffer j
  * differs from rank 0's in the one byte at spot j: every offset modulo 32 once (each byte of
  * each 8-byte lane), spread over the buffer (even and odd 32-byte blocks), then its first and
  * last bytes, the last of its whole 32-byte blocks, and both sides of its middle. A chunk
