@@ -70,6 +70,7 @@ static struct span *carve_in(struct device *d, enum psa_where w, uint64_t size, 
  * fit). Drops d->lock. */
 static bool gpu_frame_coming(struct device *d)
 {
+  PSA_HELD(d);
   if (psa_gpu_frame_available(d))
     return true;
   uint32_t f = psa_room_frame(d);
@@ -85,6 +86,7 @@ static bool gpu_frame_coming(struct device *d)
  * taken. */
 static struct span *place(struct device *d, uint64_t size, CUstream stream, uint64_t *off)
 {
+  PSA_HELD(d);
   struct span *s = carve_in(d, PSA_GPU, size, stream, off);
   if (s)
     return s;
@@ -114,7 +116,7 @@ CUresult psa_alloc(int ordinal, size_t size, CUstream stream, CUdeviceptr *p)
   uint64_t asize = psa_round_up(size, PSA_ALIGN), off = 0;
   if (asize < size)
     return CUDA_ERROR_OUT_OF_MEMORY;
-  pthread_mutex_lock(&d->lock);
+  ps_mutex_lock(&d->lock);
   struct span *s = place(d, asize, stream, &off);
   CUdeviceptr ptr = s ? d->base + s->first_chunk * d->chunk_size + off : 0;
   if (s && !psa_map_put(d, ptr, asize, s)) {
@@ -125,7 +127,7 @@ CUresult psa_alloc(int ordinal, size_t size, CUstream stream, CUdeviceptr *p)
     psa_map_find(d, ptr)->graph = capture; /* the graph names it: its bytes are the graph's for good */
   if (!s) {
     d->stats.failed_allocs++;
-    pthread_mutex_unlock(&d->lock);
+    ps_mutex_unlock(&d->lock);
     /* What would have held it: the live bytes and this one, less the GPU budget, on the host
      * (a lower bound: chunks also hold freed gaps). */
     uint64_t need = d->stats.live_bytes + asize, gpu = d->stats.gpu_budget;
@@ -155,7 +157,7 @@ CUresult psa_alloc(int ordinal, size_t size, CUstream stream, CUdeviceptr *p)
     d->space.reserved_high = d->stats.mapped_chunk_bytes;
   uint64_t chunk = (ptr - d->base) / d->chunk_size;
   enum psa_where where = d->fr.frames[d->chunks[chunk].frame].where;
-  pthread_mutex_unlock(&d->lock);
+  ps_mutex_unlock(&d->lock);
   *p = ptr;
   if (pst_trace_enabled()) {
     struct pst_record r = {.type = PST_REC_ALLOC,
@@ -191,10 +193,10 @@ CUresult psa_free(CUdeviceptr p, CUstream stream, bool sync)
    * While a capture is underway that wait would break it: the bytes wait until none is. */
   if (sync && !underway && PS_CU(ps_driver.cuCtxSynchronize()))
     return CUDA_ERROR_UNKNOWN;
-  pthread_mutex_lock(&d->lock);
+  ps_mutex_lock(&d->lock);
   struct alloc_entry *e = psa_map_find(d, p);
   if (!e) {
-    pthread_mutex_unlock(&d->lock);
+    ps_mutex_unlock(&d->lock);
     ps_log(PS_LOG_WARN, "free of %#" PRIx64 ": not a live allocation (freed twice, or inside one)", (uint64_t)p);
     return CUDA_ERROR_INVALID_VALUE;
   }
@@ -213,16 +215,17 @@ CUresult psa_free(CUdeviceptr p, CUstream stream, bool sync)
   struct span *s = e->span;
   uint64_t size = e->size, off = p - (d->base + s->first_chunk * d->chunk_size);
   psa_map_remove(e);
+  s->live_bytes -= size; /* before the release, so that the span's bytes add up at its check */
   psa_span_release(d, s, off, size, stream, ev, hold);
-  s->live_bytes -= size;
   s->live_allocs--;
   for (uint64_t i = s->first_chunk; !s->live_allocs && i < s->first_chunk + s->nchunks; i++)
     if (psa_shard_paged_in(d, i))
       psa_shard_drop(d, i); /* its bytes are dead: the node's copy is let go */
   d->stats.frees++;
   d->stats.live_bytes -= size;
+  psa_frames_check(d);
   atomic_fetch_sub_explicit(&live_all, size, memory_order_relaxed);
-  pthread_mutex_unlock(&d->lock);
+  ps_mutex_unlock(&d->lock);
   if (pst_trace_enabled()) {
     struct pst_record r = {.type = PST_REC_FREE, .free = {.addr = p, .stream = (uint64_t)(uintptr_t)stream}};
     pst_trace_emit(&r);
@@ -236,11 +239,11 @@ void psa_mem_info(int ordinal, size_t *free_bytes, size_t *total_bytes)
   struct device *d = device_get(ordinal);
   if (!d)
     return;
-  pthread_mutex_lock(&d->lock);
+  ps_mutex_lock(&d->lock);
   uint64_t total = d->stats.gpu_budget + d->stats.host_budget;
   *total_bytes = total;
   *free_bytes = total > d->stats.live_bytes ? total - d->stats.live_bytes : 0;
-  pthread_mutex_unlock(&d->lock);
+  ps_mutex_unlock(&d->lock);
 }
 
 bool psa_usage_get(int ordinal, struct psa_usage *u)
@@ -248,10 +251,10 @@ bool psa_usage_get(int ordinal, struct psa_usage *u)
   if (ordinal < 0 || ordinal >= PSA_MAX_DEVICES || !psa_devices[ordinal].ready)
     return false;
   struct device *d = &psa_devices[ordinal];
-  pthread_mutex_lock(&d->lock);
+  ps_mutex_lock(&d->lock);
   *u = (struct psa_usage){.reserved = d->stats.mapped_chunk_bytes, .used = d->stats.live_bytes,
                           .reserved_high = d->space.reserved_high, .used_high = d->space.used_high};
-  pthread_mutex_unlock(&d->lock);
+  ps_mutex_unlock(&d->lock);
   return true;
 }
 
@@ -261,12 +264,12 @@ void psa_usage_reset_high(int ordinal, bool reserved, bool used)
   if (ordinal < 0 || ordinal >= PSA_MAX_DEVICES || !psa_devices[ordinal].ready)
     return;
   struct device *d = &psa_devices[ordinal];
-  pthread_mutex_lock(&d->lock);
+  ps_mutex_lock(&d->lock);
   if (reserved)
     d->space.reserved_high = d->stats.mapped_chunk_bytes;
   if (used)
     d->space.used_high = d->stats.live_bytes;
-  pthread_mutex_unlock(&d->lock);
+  ps_mutex_unlock(&d->lock);
 }
 
 CUresult psa_chunk_migrate(int ordinal, uint64_t chunk, enum psa_where to)
@@ -276,7 +279,7 @@ CUresult psa_chunk_migrate(int ordinal, uint64_t chunk, enum psa_where to)
   struct device *d = &psa_devices[ordinal];
   if (PS_CU(ps_driver.cuCtxSynchronize()))
     return CUDA_ERROR_UNKNOWN;
-  pthread_mutex_lock(&d->lock);
+  ps_mutex_lock(&d->lock);
   CUresult r = CUDA_ERROR_INVALID_VALUE;
   if (chunk < d->nchunks && d->chunks[chunk].frame != PSA_NO_FRAME) {
     psa_copy_done(d, chunk, true);
@@ -284,7 +287,7 @@ CUresult psa_chunk_migrate(int ordinal, uint64_t chunk, enum psa_where to)
     psa_copy_done(d, chunk, true);
     psa_moves_poll(d);
   }
-  pthread_mutex_unlock(&d->lock);
+  ps_mutex_unlock(&d->lock);
   return r;
 }
 
@@ -292,14 +295,14 @@ void psa_atfork_prepare(void)
 {
   for (int i = 0; i < PSA_MAX_DEVICES; i++)
     if (psa_devices[i].ready)
-      pthread_mutex_lock(&psa_devices[i].lock);
+      ps_mutex_lock(&psa_devices[i].lock);
 }
 
 void psa_atfork_parent(void)
 {
   for (int i = PSA_MAX_DEVICES - 1; i >= 0; i--)
     if (psa_devices[i].ready)
-      pthread_mutex_unlock(&psa_devices[i].lock);
+      ps_mutex_unlock(&psa_devices[i].lock);
 }
 
 void psa_atfork_child(void)

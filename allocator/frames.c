@@ -55,6 +55,7 @@ static CUresult create(struct device *d, enum psa_where where, struct frame *f, 
  * frame's index is claimed first so the staging address is fixed. */
 static uint32_t make(struct device *d, enum psa_where where)
 {
+  PSA_HELD(d);
   uint64_t *made = frames_made(d, where);
   if (*made >= *frame_limit(d, where) || d->fr.made > d->max_frames)
     return PSA_NO_FRAME;
@@ -74,9 +75,9 @@ static uint32_t make(struct device *d, enum psa_where where)
   (*made)++;
   d->fr.in_making[where]++;
   struct frame f = {0};
-  pthread_mutex_unlock(&d->lock);
+  ps_mutex_unlock(&d->lock);
   CUresult r = create(d, where, &f, d->staging_base + (uint64_t)id * d->chunk_size);
-  pthread_mutex_lock(&d->lock);
+  ps_mutex_lock(&d->lock);
   d->fr.in_making[where]--;
   pthread_cond_broadcast(&d->fr.made_one);
   if (r) {
@@ -119,12 +120,12 @@ static void *pool_main(void *arg)
   if (PS_CU(ps_driver.cuCtxSetCurrent(d->ctx)))
     return NULL;
   psa_relax(true); /* for good: making frames must not break another thread's capture */
-  pthread_mutex_lock(&d->lock);
+  ps_mutex_lock(&d->lock);
   while (d->pool.running) {
     bool wanted = d->fr.gpu_held * 4 >= d->fr.gpu_limit * 3 && count_free(d, PSA_HOST) < d->pool.target &&
                   d->stats.host_frames_made < d->fr.host_limit;
     if (!wanted) {
-      pthread_cond_wait(&d->pool.wake, &d->lock);
+      ps_cond_wait(&d->pool.wake, &d->lock);
       continue;
     }
     uint32_t id = make(d, PSA_HOST);
@@ -132,7 +133,7 @@ static void *pool_main(void *arg)
       break;
     push_free(d, id);
   }
-  pthread_mutex_unlock(&d->lock);
+  ps_mutex_unlock(&d->lock);
   return NULL;
 }
 
@@ -176,8 +177,49 @@ static void count_held(struct device *d, enum psa_where w, int delta)
   }
 }
 
+#ifdef PS_CHECKS
+void psa_frames_check(struct device *d)
+{
+  uint8_t *seen = calloc(d->fr.made ? d->fr.made : 1, 1); /* 1: under a chunk, 2: free */
+  if (!seen)
+    return;
+  for (uint64_t i = 0; i < d->space.chunks_high; i++) {
+    uint32_t f = d->chunks[i].frame;
+    if (f == PSA_NO_FRAME || f == psa_shared_frame(d))
+      continue;
+    if (f >= d->fr.made || seen[f])
+      ps_check_failed("chunk %llu is on frame %u, which is %s", (unsigned long long)i, f,
+                      f >= d->fr.made ? "not made" : "under another chunk too");
+    seen[f] = 1;
+  }
+  uint64_t free_n[3] = {0};
+  for (enum psa_where w = PSA_GPU; w <= PSA_HOST; w++)
+    for (uint32_t f = *free_list(d, w); f != PSA_NO_FRAME; f = d->fr.frames[f].next_free) {
+      if (f >= d->fr.made || seen[f] || d->fr.frames[f].where != w)
+        ps_check_failed("frame %u on the %s free list is %s", f, w == PSA_GPU ? "GPU" : "host",
+                        f >= d->fr.made ? "not made" : seen[f] ? "mapped or listed twice" : "of the other kind");
+      seen[f] = 2;
+      free_n[w]++;
+    }
+  free(seen);
+  /* Frames made: held (under a chunk, or moved away from and not yet given back), free, or
+   * still being made (counted made before the driver makes them, with the lock dropped). */
+  if (d->fr.gpu_held + free_n[PSA_GPU] + d->fr.in_making[PSA_GPU] != d->stats.gpu_frames_made ||
+      d->fr.host_held + free_n[PSA_HOST] + d->fr.in_making[PSA_HOST] != d->stats.host_frames_made)
+    ps_check_failed("frames made (GPU %llu, host %llu) are not those held (%llu, %llu) and free (%llu, %llu)",
+                    (unsigned long long)d->stats.gpu_frames_made, (unsigned long long)d->stats.host_frames_made,
+                    (unsigned long long)d->fr.gpu_held, (unsigned long long)d->fr.host_held,
+                    (unsigned long long)free_n[PSA_GPU], (unsigned long long)free_n[PSA_HOST]);
+  if (d->fr.gpu_held > d->fr.gpu_limit || d->fr.host_held > d->fr.host_limit)
+    ps_check_failed("frames held (GPU %llu, host %llu) beyond the budgets (%llu, %llu)",
+                    (unsigned long long)d->fr.gpu_held, (unsigned long long)d->fr.host_held,
+                    (unsigned long long)d->fr.gpu_limit, (unsigned long long)d->fr.host_limit);
+}
+#endif
+
 uint32_t psa_frame_take(struct device *d, enum psa_where where)
 {
+  PSA_HELD(d);
   uint32_t *head = free_list(d, where), id;
   for (;;) {
     if ((id = *head) != PSA_NO_FRAME) {
@@ -193,7 +235,7 @@ uint32_t psa_frame_take(struct device *d, enum psa_where where)
     if (!d->fr.in_making[where])
       return PSA_NO_FRAME;
     start = psa_now_ns();
-    pthread_cond_wait(&d->fr.made_one, &d->lock);
+    ps_cond_wait(&d->fr.made_one, &d->lock);
     d->stats.frame_wait_ns += psa_now_ns() - start;
   }
   count_held(d, where, +1);

@@ -47,7 +47,7 @@ struct import {
   uint64_t len, chunk_size;
   struct import *next;
 };
-static pthread_mutex_t imports_lock = PTHREAD_MUTEX_INITIALIZER;
+static ps_mutex imports_lock = PS_MUTEX_INITIALIZER(PS_RANK_IMPORTS, "the IPC imports lock");
 static struct import *imports;
 
 /* The chunks under [base, base + size): [*first, *first + *n). */
@@ -63,6 +63,7 @@ static void chunks_under(const struct device *d, CUdeviceptr base, uint64_t size
  * is looked up again after each wait. */
 static struct alloc_entry *pin(struct device *d, CUdeviceptr p)
 {
+  PSA_HELD(d);
   uint64_t unshared = UINT64_MAX;
   for (;;) {
     struct alloc_entry *e = psa_map_find(d, p);
@@ -74,7 +75,7 @@ static struct alloc_entry *pin(struct device *d, CUdeviceptr p)
     for (i = first; i < first + n; i++) {
       struct chunk *c = &d->chunks[i];
       if (c->moving) {
-        pthread_cond_wait(&d->moves->moved, &d->lock);
+        ps_cond_wait(&d->moves->moved, &d->lock);
         break;
       }
       if (c->frame == psa_shared_frame(d) && unshared != i) {
@@ -106,7 +107,7 @@ static int answer(const unsigned char question[PSC_IPC_QUESTION], unsigned char 
   struct device *d = &psa_devices[h.ordinal];
   if (PS_CU(ps_driver.cuCtxSetCurrent(d->ctx)))
     return -1;
-  pthread_mutex_lock(&d->lock);
+  ps_mutex_lock(&d->lock);
   struct alloc_entry *e = psa_map_find(d, h.base);
   uint64_t first = 0, n = 0, i = 0;
   int *out = NULL;
@@ -121,7 +122,7 @@ static int answer(const unsigned char question[PSC_IPC_QUESTION], unsigned char 
         break;
     }
   }
-  pthread_mutex_unlock(&d->lock);
+  ps_mutex_unlock(&d->lock);
   if (!out || i < n) {
     while (out && i > 0)
       close(out[--i]);
@@ -148,15 +149,15 @@ CUresult psa_ipc_export(CUdeviceptr p, CUipcMemHandle *out)
   uint64_t token = psc_ipc_serve(answer); /* says why when it cannot */
   if (!token)
     return CUDA_ERROR_OUT_OF_MEMORY;
-  pthread_mutex_lock(&d->lock);
+  ps_mutex_lock(&d->lock);
   if (!psa_map_find(d, p)) {
-    pthread_mutex_unlock(&d->lock);
+    ps_mutex_unlock(&d->lock);
     ps_error("cudaIpcGetMemHandle: 0x%llx is not the start of an allocation psshim serves", (unsigned long long)p);
     return CUDA_ERROR_INVALID_VALUE;
   }
   struct alloc_entry *e = pin(d, p);
   uint64_t size = e ? e->size : 0;
-  pthread_mutex_unlock(&d->lock);
+  ps_mutex_unlock(&d->lock);
   if (!e)
     return CUDA_ERROR_INVALID_VALUE;
   struct handle h = {.magic = MAGIC, .pid = getpid(), .ordinal = ordinal, .token = token, .base = p, .size = size};
@@ -242,10 +243,10 @@ CUresult psa_ipc_open(int ordinal, const CUipcMemHandle *handle, CUdeviceptr *p)
     return CUDA_ERROR_INVALID_VALUE;
   }
   *im = (struct import){.ptr = va + l.offset, .va = va, .len = l.nchunks * l.chunk_size, .chunk_size = l.chunk_size};
-  pthread_mutex_lock(&imports_lock);
+  ps_mutex_lock(&imports_lock);
   im->next = imports;
   imports = im;
-  pthread_mutex_unlock(&imports_lock);
+  ps_mutex_unlock(&imports_lock);
   *p = im->ptr;
   return CUDA_SUCCESS;
 }
@@ -255,14 +256,14 @@ CUresult psa_ipc_close(CUdeviceptr p)
   struct import *im = NULL;
   if (ps_in_forked_child()) /* CUDA's rule: nothing here is usable (and the lock may be held) */
     return CUDA_ERROR_NOT_SUPPORTED;
-  pthread_mutex_lock(&imports_lock);
+  ps_mutex_lock(&imports_lock);
   for (struct import **at = &imports; *at; at = &(*at)->next)
     if ((*at)->ptr == p) {
       im = *at;
       *at = im->next;
       break;
     }
-  pthread_mutex_unlock(&imports_lock);
+  ps_mutex_unlock(&imports_lock);
   if (!im)
     return CUDA_ERROR_NOT_SUPPORTED;
   /* cuMemUnmap does not wait for kernels: work still queued on the range finishes first. */

@@ -99,10 +99,11 @@ void psa_span_forget_users(struct device *d, struct span *s)
  * copy queued behind others); the reference taken keeps m. */
 CUresult psa_mark_wait_unlocked(struct device *d, struct psa_mark *m)
 {
+  PSA_HELD(d);
   m->refs++;
-  pthread_mutex_unlock(&d->lock);
+  ps_mutex_unlock(&d->lock);
   CUresult r = ps_driver.cuEventSynchronize(m->event);
-  pthread_mutex_lock(&d->lock);
+  ps_mutex_lock(&d->lock);
   m->done = m->done || r == CUDA_SUCCESS;
   psa_mark_put(d, m);
   return r;

@@ -106,10 +106,11 @@ bool psa_movable(struct device *d, uint64_t chunk)
  * queued behind copies, and launches of other chunks need not wait for it. False (still mapped where it was) if the driver refuses. */
 static bool remap(struct device *d, uint64_t chunk, uint32_t from, uint32_t to)
 {
+  PSA_HELD(d);
   CUdeviceptr va = d->base + chunk * d->chunk_size;
   CUmemGenericAllocationHandle onto = d->fr.frames[to].handle, back = d->fr.frames[from].handle;
   uint64_t start = psa_now_ns();
-  pthread_mutex_unlock(&d->lock);
+  ps_mutex_unlock(&d->lock);
   bool ok = !PS_CU(ps_driver.cuMemUnmap(va, d->chunk_size));
   if (ok && psa_map(d, va, onto) != CUDA_SUCCESS) {
     ok = false;
@@ -118,7 +119,7 @@ static bool remap(struct device *d, uint64_t chunk, uint32_t from, uint32_t to)
                d->ordinal);
   }
   uint64_t driver_done = psa_now_ns();
-  pthread_mutex_lock(&d->lock);
+  ps_mutex_lock(&d->lock);
   d->stats.relock_ns += psa_now_ns() - driver_done;
   if (ok)
     d->stats.remap_ns += driver_done - start;
@@ -133,6 +134,7 @@ static bool remap(struct device *d, uint64_t chunk, uint32_t from, uint32_t to)
 
 static void copies_settle(struct device *d)
 {
+  PSA_HELD(d);
   while (psa_moves_settle && d->marks.ncopying >= MOVER_COPIES_AHEAD) {
     uint64_t chunk = d->marks.copying[0];
     struct psa_mark *m = d->chunks[chunk].copy;
@@ -165,6 +167,7 @@ static void move_end(struct device *d, struct chunk *c)
  * chunk is where it was). Drops d->lock. */
 static uint32_t move_onto(struct device *d, uint64_t chunk, uint32_t to, struct psa_mark *after)
 {
+  PSA_HELD(d);
   struct chunk *c = &d->chunks[chunk];
   if (after)
     after->refs++; /* the lock drops: another thread may see the copy done and put its mark */
@@ -241,6 +244,7 @@ static CUresult move_checks(struct device *d, uint64_t chunk)
 
 CUresult psa_move(struct device *d, uint64_t chunk, enum psa_where to)
 {
+  PSA_HELD(d);
   if (chunk >= d->nchunks || d->chunks[chunk].frame == PSA_NO_FRAME || d->fr.frames[d->chunks[chunk].frame].where == to)
     return CUDA_ERROR_INVALID_VALUE;
   CUresult r = move_checks(d, chunk);
@@ -258,6 +262,7 @@ CUresult psa_move(struct device *d, uint64_t chunk, enum psa_where to)
 
 bool psa_swap_in(struct device *d, uint64_t chunk, uint64_t victim)
 {
+  PSA_HELD(d);
   if (move_checks(d, chunk) || move_checks(d, victim) || !copy_slots_free(d, 2))
     return false;
   uint32_t host = psa_host_frame(d);

@@ -30,7 +30,7 @@ static bool pager_setup(struct device *d)
   d->pager->cands = calloc(2 * d->nchunks, sizeof *d->pager->cands); /* fetches, then victims */
   if (ps_options.policy != PS_POLICY_STATIC)
     d->pager->recent = calloc(psa_hold_slots(ps_options.runahead), sizeof *d->pager->recent);
-  pthread_mutex_init(&d->pager->mover.mutex, NULL);
+  ps_mutex_init(&d->pager->mover.mutex, PS_RANK_MOVER, "a device's mover wake-up lock");
   pthread_cond_init(&d->pager->mover.wake, NULL);
   return d->pager->cands && (ps_options.policy == PS_POLICY_STATIC || d->pager->recent);
 }
@@ -71,10 +71,10 @@ struct chunk_ranges {
 /* Takes d->lock, counting the time a launch waited for it (the mover holds it to plan). */
 static void lock_timed(struct device *d)
 {
-  if (!pthread_mutex_trylock(&d->lock))
+  if (!ps_mutex_trylock(&d->lock))
     return;
   uint64_t start = psa_now_ns();
-  pthread_mutex_lock(&d->lock);
+  ps_mutex_lock(&d->lock);
   d->stats.lock_wait_ns += psa_now_ns() - start;
 }
 
@@ -128,7 +128,7 @@ static void for_each_span(struct visit *v, visit_fn *fn)
       cur = NULL;
       if (locked) {
         psa_mark_put(locked, locked == v->marked ? v->mark : NULL);
-        pthread_mutex_unlock(&locked->lock);
+        ps_mutex_unlock(&locked->lock);
       }
       lock_timed(d);
       locked = d;
@@ -149,7 +149,7 @@ static void for_each_span(struct visit *v, visit_fn *fn)
     visit_span(locked, cur, &cr, fn, v);
   if (locked) {
     psa_mark_put(locked, locked == v->marked ? v->mark : NULL);
-    pthread_mutex_unlock(&locked->lock);
+    ps_mutex_unlock(&locked->lock);
   }
 }
 
@@ -157,12 +157,13 @@ static void for_each_span(struct visit *v, visit_fn *fn)
  * makes a shared chunk private (psa_paging_hooks.unshare). */
 static void enter_chunk(struct device *d, uint64_t chunk, struct visit *v)
 {
+  PSA_HELD(d);
   struct chunk *c = &d->chunks[chunk];
   if (c->moving) {
     uint64_t start = psa_now_ns();
     d->stats.late_waits++;
     while (c->moving)
-      pthread_cond_wait(&d->moves->moved, &d->lock);
+      ps_cond_wait(&d->moves->moved, &d->lock);
     d->stats.late_wait_ns += psa_now_ns() - start;
   }
   if (c->frame == psa_shared_frame(d) && psa_paging_hooks.unshare)
@@ -244,9 +245,9 @@ static void each_device(void (*fn)(struct device *, const struct ps_moment *), c
     struct device *d = &psa_devices[i];
     if (!d->ready)
       continue;
-    pthread_mutex_lock(&d->lock);
+    ps_mutex_lock(&d->lock);
     fn(d, l);
-    pthread_mutex_unlock(&d->lock);
+    ps_mutex_unlock(&d->lock);
   }
 }
 
@@ -255,7 +256,7 @@ static void each_device(void (*fn)(struct device *, const struct ps_moment *), c
 static void wait_copies(struct device *d, const struct ps_moment *l)
 {
   while (d->moves->nmoving)
-    pthread_cond_wait(&d->moves->moved, &d->lock);
+    ps_cond_wait(&d->moves->moved, &d->lock);
   for (uint32_t k = 0; k < d->marks.ncopying;) {
     uint64_t chunk = d->marks.copying[k];
     struct psa_mark *copy = d->chunks[chunk].copy;
@@ -309,16 +310,16 @@ static bool runahead_wait(CUevent e)
  * the time it held the host. */
 static uint64_t hold_back(struct device *d, struct psa_mark *ahead)
 {
-  pthread_mutex_lock(&d->lock);
+  ps_mutex_lock(&d->lock);
   struct psa_mark *stuck = d->pager->runahead_stuck;
   if (stuck && psa_mark_passed(d, stuck, false)) {
     psa_mark_put(d, stuck);
     stuck = d->pager->runahead_stuck = NULL;
   }
-  pthread_mutex_unlock(&d->lock);
+  ps_mutex_unlock(&d->lock);
   uint64_t start = psa_now_ns();
   bool passed = !stuck && runahead_wait(ahead->event); /* without the lock: the reference keeps the event */
-  pthread_mutex_lock(&d->lock);
+  ps_mutex_lock(&d->lock);
   uint64_t held = psa_now_ns() - start;
   d->stats.runahead_wait_ns += held;
   if (passed) {
@@ -329,7 +330,7 @@ static uint64_t hold_back(struct device *d, struct psa_mark *ahead)
     d->stats.runahead_timeouts++;
   }
   psa_mark_put(d, ahead);
-  pthread_mutex_unlock(&d->lock);
+  ps_mutex_unlock(&d->lock);
   return held;
 }
 
@@ -346,30 +347,30 @@ static void *mover_main(void *arg)
   if (ready) {
     psa_relax(true);
     ps_own_work(true);
-    pthread_mutex_lock(&d->lock);
+    ps_mutex_lock(&d->lock);
     d->stats.movers = 1;
-    pthread_mutex_unlock(&d->lock);
+    ps_mutex_unlock(&d->lock);
   }
-  pthread_mutex_lock(&d->pager->mover.mutex);
+  ps_mutex_lock(&d->pager->mover.mutex);
   if (!ready) {
     d->pager->mover.running = false;
     ps_log(PS_LOG_WARN, "the mover of device %d has no context: launching threads make the moves", d->ordinal);
   }
   while (ready) {
     while (!d->pager->mover.due)
-      pthread_cond_wait(&d->pager->mover.wake, &d->pager->mover.mutex);
+      ps_cond_wait(&d->pager->mover.wake, &d->pager->mover.mutex);
     d->pager->mover.due = false;
     uint64_t seq = d->pager->mover.seq, period = d->pager->mover.period, position = d->pager->mover.position;
     uint64_t launch_ns = d->pager->mover.launch_ns;
-    pthread_mutex_unlock(&d->pager->mover.mutex);
-    pthread_mutex_lock(&d->lock);
+    ps_mutex_unlock(&d->pager->mover.mutex);
+    ps_mutex_lock(&d->lock);
     d->stats.launch_ns = launch_ns;
     if (!atomic_load(&psa_moves_off))
       psa_pager_turn(d, seq, period, position);
-    pthread_mutex_unlock(&d->lock);
-    pthread_mutex_lock(&d->pager->mover.mutex);
+    ps_mutex_unlock(&d->lock);
+    ps_mutex_lock(&d->pager->mover.mutex);
   }
-  pthread_mutex_unlock(&d->pager->mover.mutex);
+  ps_mutex_unlock(&d->pager->mover.mutex);
   return NULL;
 }
 
@@ -389,7 +390,7 @@ static bool mover_wanted(struct device *d)
  * wanted; without one the turn is taken here. */
 static void mover_wake(struct device *d, uint64_t seq, uint64_t period, uint64_t position)
 {
-  pthread_mutex_lock(&d->pager->mover.mutex);
+  ps_mutex_lock(&d->pager->mover.mutex);
   d->pager->mover.seq = seq;
   d->pager->mover.period = period;
   d->pager->mover.position = position;
@@ -407,12 +408,12 @@ static void mover_wake(struct device *d, uint64_t seq, uint64_t period, uint64_t
     pthread_cond_signal(&d->pager->mover.wake);
   }
   uint64_t launch_ns = d->pager->mover.launch_ns;
-  pthread_mutex_unlock(&d->pager->mover.mutex);
+  ps_mutex_unlock(&d->pager->mover.mutex);
   if (here) {
-    pthread_mutex_lock(&d->lock);
+    ps_mutex_lock(&d->lock);
     d->stats.launch_ns = launch_ns;
     psa_pager_turn(d, seq, period, position);
-    pthread_mutex_unlock(&d->lock);
+    ps_mutex_unlock(&d->lock);
   }
 }
 

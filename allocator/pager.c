@@ -139,6 +139,7 @@ static uint64_t coming_margin(const struct device *d, uint64_t now, uint64_t per
 
 uint32_t psa_frame_for(struct device *d, uint64_t period, uint64_t need)
 {
+  PSA_HELD(d);
   uint64_t margin = coming_margin(d, d->space.clock, period);
   if (d->fr.gpu_held + margin < d->fr.gpu_limit)
     return psa_frame_take(d, PSA_GPU);
@@ -250,6 +251,7 @@ static uint32_t frame_by_age(struct device *d)
  * pager's turns, outside the launching threads' time in the pager (launch_ns). */
 uint32_t psa_room_frame(struct device *d)
 {
+  PSA_HELD(d);
   if (!room_by_age(d))
     return PSA_NO_FRAME;
   uint64_t start = psa_now_ns();

@@ -34,7 +34,7 @@ struct psa_pager {
    * by launches. Its own mutex, never held with d->lock, so a launch that wakes it never
    * waits for a plan. */
   struct {
-    pthread_mutex_t mutex;
+    ps_mutex mutex;
     pthread_cond_t wake;
     pthread_t thread;
     _Atomic bool crowded;  /* a plan found the iteration's own allocations outgrowing the GPU */

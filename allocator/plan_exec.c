@@ -387,6 +387,7 @@ static void issue(struct device *d, struct plan_exec *st)
 
 bool psa_plan_follow(struct device *d, uint64_t period, uint64_t position)
 {
+  PSA_HELD(d);
   struct plan_exec *st = state(d, period, position);
   if (!st || st->phase != FOLLOWING)
     return false;

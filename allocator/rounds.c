@@ -15,7 +15,7 @@
 #include "comm/comm.h"
 
 static _Atomic uint64_t pending, latest_period; /* boundaries met and not yet taken */
-static pthread_mutex_t meeting = PTHREAD_MUTEX_INITIALIZER; /* one thread takes them */
+static ps_mutex meeting = PS_MUTEX_INITIALIZER(PS_RANK_MEETING, "the node meeting lock"); /* one thread takes them */
 static bool compared; /* under meeting: the allocations were compared */
 
 void psa_shard_boundary(uint64_t period)
@@ -31,7 +31,7 @@ void psa_meet_ranks(void)
   if (!atomic_load_explicit(&pending, memory_order_relaxed) || ps_in_own_calls() || psa_capture_underway())
     return;
   /* Another thread meeting now takes these boundaries too. */
-  if (pthread_mutex_trylock(&meeting))
+  if (ps_mutex_trylock(&meeting))
     return;
   ps_own_work(true); /* its copies and syncs are not the program's moments */
   for (; atomic_load(&pending); atomic_fetch_sub(&pending, 1)) {
@@ -42,5 +42,5 @@ void psa_meet_ranks(void)
     psa_shard_round(atomic_load(&latest_period));
   }
   ps_own_work(false);
-  pthread_mutex_unlock(&meeting);
+  ps_mutex_unlock(&meeting);
 }

@@ -433,7 +433,7 @@ static void gather_used(struct device *d, uint64_t period)
    * a chunk being gathered waits for the gather (wait_gather), so each is still on its
    * pieces when the gather ends. */
   st->gathering = true;
-  pthread_mutex_unlock(&d->lock);
+  ps_mutex_unlock(&d->lock);
   ps_own_calls(true); /* NCCL's allocations are not psshim's to serve */
   /* Every rank reaches this with the same chunks: the communicator is made by all at once.
    * NCCL connects the ranks at a communicator's first collective (NCCL_RUNTIME_CONNECT
@@ -463,7 +463,7 @@ static void gather_used(struct device *d, uint64_t period)
   }
   gathered = gathered && psc_stream_wait(st->stream);
   ps_own_calls(false);
-  pthread_mutex_lock(&d->lock);
+  ps_mutex_lock(&d->lock);
   st->gathering = false;
   pthread_cond_broadcast(&st->gathered);
   st->comm_failed = !gathered;
@@ -552,9 +552,9 @@ void psa_shard_round(uint64_t period)
   if (!d || !period || !atomic_load(&psa_allocs_agree) || ps_options.policy != PS_POLICY_AUTO ||
       atomic_load(&stopped))
     return;
-  pthread_mutex_lock(&d->lock);
+  ps_mutex_lock(&d->lock);
   if (++boundaries_since_round < round_gap) {
-    pthread_mutex_unlock(&d->lock);
+    ps_mutex_unlock(&d->lock);
     return;
   }
   boundaries_since_round = 0;
@@ -564,7 +564,7 @@ void psa_shard_round(uint64_t period)
   uint64_t offered = 0, equal = 0, shares = d->stats.shares;
   if (!st || !offer(d, st, period, &offered)) {
     stop_sharing();
-    pthread_mutex_unlock(&d->lock);
+    ps_mutex_unlock(&d->lock);
     return;
   }
   /* Equal on every rank, and unchanged since the last boundary: every rank holds the same
@@ -585,17 +585,18 @@ void psa_shard_round(uint64_t period)
   ps_log(PS_LOG_DEBUG, "sharding: %llu chunks offered, %llu equal on every rank, %llu shared now (%llu in all)",
          (unsigned long long)offered, (unsigned long long)equal, (unsigned long long)(d->stats.shares - shares),
          (unsigned long long)d->stats.shared_chunks);
-  pthread_mutex_unlock(&d->lock);
+  ps_mutex_unlock(&d->lock);
 }
 
 /* A chunk whose gather reads it now is not remapped until the gather is over: drops d->lock
  * while it waits. */
 static void wait_gather(struct device *d, uint64_t chunk)
 {
+  PSA_HELD(d);
   if (d->shard->gathering && d->shard->gather_frame[chunk] != PSA_NO_FRAME)
     ps_log(PS_LOG_DEBUG, "chunk %llu waits for its gather", (unsigned long long)chunk);
   while (d->shard->gathering && d->shard->gather_frame[chunk] != PSA_NO_FRAME)
-    pthread_cond_wait(&d->shard->gathered, &d->lock);
+    ps_cond_wait(&d->shard->gathered, &d->lock);
 }
 
 /* This rank no longer holds the chunk's pieces (the others may still map them). */
@@ -617,6 +618,7 @@ static void let_go(struct device *d, uint64_t chunk)
 
 void psa_shard_drop(struct device *d, uint64_t chunk)
 {
+  PSA_HELD(d);
   wait_gather(d, chunk);
   if (d->chunks[chunk].frame == psa_shared_frame(d) && !d->shard->refused[chunk])
     unmap_pieces(d, chunk, d->shard->n);
@@ -631,6 +633,7 @@ bool psa_shard_paged_in(const struct device *d, uint64_t chunk) { return d->shar
  * that reaches the other ranks' data. */
 static uint32_t private_frame(struct device *d) /* drops d->lock */
 {
+  PSA_HELD(d);
   uint32_t f = psa_frame_take(d, PSA_HOST);
   if (f == PSA_NO_FRAME)
     f = psa_frame_take(d, PSA_GPU);
@@ -649,6 +652,7 @@ static uint32_t private_frame(struct device *d) /* drops d->lock */
  * own, the pieces let go. */
 void psa_unshare(struct device *d, uint64_t chunk)
 {
+  PSA_HELD(d);
   struct psa_shard *st = d->shard;
   wait_gather(d, chunk);
   if (d->chunks[chunk].frame != psa_shared_frame(d) || st->refused[chunk]) /* gathered meanwhile, or said */
@@ -706,14 +710,14 @@ void psa_shard_stop(void)
     psc_star_close();
     return;
   }
-  pthread_mutex_lock(&d->lock); /* the star is used under it */
+  ps_mutex_lock(&d->lock); /* the star is used under it */
   psc_star_close();
   for (uint64_t i = 0; d->shard && i < d->nchunks; i++)
     if (d->chunks[i].frame == psa_shared_frame(d))
       psa_unshare(d, i);
     else if (d->shard->paged_in[i])
       let_go(d, i);
-  pthread_mutex_unlock(&d->lock);
+  ps_mutex_unlock(&d->lock);
 }
 
 void psa_sharing_wire(void)

@@ -16,7 +16,7 @@ static _Atomic uint64_t hull_lo = UINT64_MAX, hull_hi;
 static _Atomic int devices_hi; /* one past the highest ordinal set up */
 _Atomic bool psa_allocs_agree;
 struct psa_space_hooks psa_space_hooks;
-static pthread_mutex_t setup_lock = PTHREAD_MUTEX_INITIALIZER;
+static ps_mutex setup_lock = PS_MUTEX_INITIALIZER(PS_RANK_SETUP, "the device set-up lock");
 
 #define GiB (1024ull * 1024 * 1024)
 
@@ -159,9 +159,9 @@ void psa_compare_allocs(void)
     struct device *d = &psa_devices[i];
     if (!d->ready)
       continue;
-    pthread_mutex_lock(&d->lock);
+    ps_mutex_lock(&d->lock);
     digest = digest * 31 + d->space.alloc_digest + used++;
-    pthread_mutex_unlock(&d->lock);
+    ps_mutex_unlock(&d->lock);
   }
   psa_allocs_agree = psc_check_alloc_hash(digest); /* says a difference itself, on every rank */
 }
@@ -256,9 +256,9 @@ struct device *psa_device_get(int ordinal)
   struct device *d = &psa_devices[ordinal];
   if (__atomic_load_n(&d->ready, __ATOMIC_ACQUIRE))
     return d;
-  pthread_mutex_lock(&setup_lock);
+  ps_mutex_lock(&setup_lock);
   if (!d->ready && !d->failed) {
-    pthread_mutex_init(&d->lock, NULL);
+    ps_mutex_init(&d->lock, PS_RANK_DEVICE + (unsigned)ordinal, "a device's lock (its rank: PS_RANK_DEVICE + ordinal)");
     if (setup(d, ordinal)) {
       /* Observation starts before any other thread may use the device: a launch that
        * slipped past it would be invisible to the pager. */
@@ -268,7 +268,7 @@ struct device *psa_device_get(int ordinal)
       d->failed = true;
     }
   }
-  pthread_mutex_unlock(&setup_lock);
+  ps_mutex_unlock(&setup_lock);
   return d->ready ? d : NULL;
 }
 
@@ -361,9 +361,9 @@ enum psa_where psa_chunk_where(int ordinal, uint64_t chunk)
     return PSA_UNMAPPED;
   struct device *d = &psa_devices[ordinal];
   enum psa_where w = PSA_UNMAPPED;
-  pthread_mutex_lock(&d->lock);
+  ps_mutex_lock(&d->lock);
   if (chunk < d->nchunks && d->chunks[chunk].frame != PSA_NO_FRAME)
     w = d->fr.frames[d->chunks[chunk].frame].where;
-  pthread_mutex_unlock(&d->lock);
+  ps_mutex_unlock(&d->lock);
   return w;
 }

@@ -25,6 +25,24 @@
 #define PSA_USES 32             /* recent uses remembered per chunk, to predict the next: a
                                    chunk used more often per iteration counts as always due */
 
+/* Asserts, in debug and test builds, that the calling thread holds d->lock (core.h). */
+#define PSA_HELD(d) ps_mutex_assert_held(&(d)->lock)
+
+/* Invariants checked in debug and test builds (ps_check_failed on a breach), d->lock held:
+ * a span's free ranges (spans.c: sorted, disjoint, none empty, none mergeable with the
+ * next, inside the span, with its live bytes never more than the span); the frames
+ * (frames.c: no frame under two chunks nor both mapped and free, every frame made either
+ * held or free, the held ones within the budgets). */
+#ifdef PS_CHECKS
+struct span;
+struct device;
+void psa_span_check(const struct device *d, const struct span *s);
+void psa_frames_check(struct device *d);
+#else
+#define psa_span_check(d, s) ((void)0)
+#define psa_frames_check(d) ((void)0)
+#endif
+
 /* Physical memory of one chunk's size, with a fixed second mapping (staging) through
  * which migration copies into it while the chunk's own addresses still point elsewhere. */
 struct frame {
@@ -106,8 +124,9 @@ struct alloc_entry {
  * step, so finer locks would be taken together on every path, and the drops below would
  * then have to release several in order.
  *
- * Functions that drop d->lock say so in their contract ("Drops d->lock"); a caller
- * re-checks what it read before the call. The drops: making a frame (frames.c: the
+ * Functions that drop d->lock say so in their contract ("Drops d->lock") and check on entry
+ * that the caller holds it (PSA_HELD, in debug and test builds); a caller re-checks what it
+ * read before the call. The drops: making a frame (frames.c: the
  * driver's cuMemCreate, up to ~20 ms for a host frame, runs without the lock), waiting
  * for a frame another thread is making, waiting for a gather (shard.c), a move's remap
  * (move.c: the chunk is `moving` meanwhile) and waiting for one to finish.
@@ -115,7 +134,7 @@ struct alloc_entry {
  * The floors above keep their own state (struct psa_moves, struct psa_pager, struct
  * psa_shard), which this floor holds only as pointers to types it does not know. */
 struct device {
-  pthread_mutex_t lock;
+  ps_mutex lock;
   /* Set up once under setup_lock before `ready` is published (release); read without a
    * lock after. Only the pointers are fixed: what chunks[] points to is d->lock's. */
   bool ready, failed;

@@ -179,6 +179,7 @@ uint64_t psa_span_take(struct device *d, struct span *s, uint32_t i, uint64_t si
     psa_event_put(d, r->event);
     remove_at(s, i);
   }
+  psa_span_check(d, s);
   return off;
 }
 
@@ -205,7 +206,33 @@ void psa_span_release(struct device *d, struct span *s, uint64_t off, uint64_t s
       .off = off, .len = size, .pending = ev || graph, .stream = stream, .event = ev, .graph = graph};
   s->nranges++;
   normalize(d, s, lo, true);
+  psa_span_check(d, s);
 }
+
+#ifdef PS_CHECKS
+void psa_span_check(const struct device *d, const struct span *s)
+{
+  uint64_t bytes = s->nchunks * d->chunk_size, free_bytes = 0;
+  for (uint32_t i = 0; i < s->nranges; i++) {
+    const struct range *r = &s->ranges[i], *next = i + 1 < s->nranges ? r + 1 : NULL;
+    if (!r->len || r->off + r->len > bytes || r->off + r->len < r->off)
+      ps_check_failed("span at chunk %llu: free range %u [%llu, +%llu) is empty or outside its %llu bytes",
+                      (unsigned long long)s->first_chunk, i, (unsigned long long)r->off, (unsigned long long)r->len,
+                      (unsigned long long)bytes);
+    if (next && r->off + r->len > next->off)
+      ps_check_failed("span at chunk %llu: free ranges %u and %u overlap or are out of order",
+                      (unsigned long long)s->first_chunk, i, i + 1);
+    if (next && mergeable(r, next))
+      ps_check_failed("span at chunk %llu: free ranges %u and %u should have been merged",
+                      (unsigned long long)s->first_chunk, i, i + 1);
+    free_bytes += r->len;
+  }
+  if (free_bytes + s->live_bytes > bytes)
+    ps_check_failed("span at chunk %llu: %llu bytes free and %llu live, more than its %llu",
+                    (unsigned long long)s->first_chunk, (unsigned long long)free_bytes,
+                    (unsigned long long)s->live_bytes, (unsigned long long)bytes);
+}
+#endif
 
 bool psa_span_idle(struct device *d, struct span *s)
 {
@@ -320,6 +347,7 @@ static bool reclaim_one(struct device *d, enum psa_where want)
 
 uint32_t psa_host_frame(struct device *d)
 {
+  PSA_HELD(d);
   reclaim_one(d, PSA_HOST);
   return psa_frame_take(d, PSA_HOST);
 }
@@ -328,6 +356,7 @@ uint32_t psa_host_frame(struct device *d)
  * psa_space_hooks.gpu_room), then host frames. Drops d->lock. */
 static uint32_t frame_for_chunk(struct device *d)
 {
+  PSA_HELD(d);
   static const enum psa_where order[] = {PSA_GPU, PSA_HOST};
   for (int k = 0; k < 2; k++) {
     for (;;) {
@@ -377,6 +406,7 @@ static bool add_chunks(struct device *d, struct span *s, uint64_t first, uint64_
 
 struct span *psa_span_new(struct device *d, uint64_t nchunks)
 {
+  PSA_HELD(d);
   uint64_t first;
   while (!psa_chunks_reserve(d, nchunks, &first))
     if (!reclaim_one(d, PSA_HOST) && !reclaim_one(d, PSA_GPU))
@@ -401,6 +431,7 @@ struct span *psa_span_new(struct device *d, uint64_t nchunks)
   s->where = span_where(d, s);
   s->building = false;
   list_insert(d, s);
+  psa_span_check(d, s);
   return s;
 }
 
@@ -415,6 +446,7 @@ struct span *psa_span_new(struct device *d, uint64_t nchunks)
  * over budget ran several times slower). */
 struct span *psa_span_extend(struct device *d, uint64_t size, CUstream stream, uint64_t *off)
 {
+  PSA_HELD(d);
   struct span *s = d->space.last_span;
   uint64_t c = d->chunk_size, own = (size + c - 1) / c;
   if (!s || !s->nranges || s->building)

@@ -12,7 +12,7 @@ void psa_stats_get(struct psa_stats *out)
     struct device *d = &psa_devices[i];
     if (!d->ready)
       continue;
-    pthread_mutex_lock(&d->lock);
+    ps_mutex_lock(&d->lock);
 #define SUM(name) out->name += d->stats.name;
 #define SAME(name) out->name = d->stats.name;
 #define COMBINE(name, how) how(name)
@@ -20,7 +20,7 @@ void psa_stats_get(struct psa_stats *out)
 #undef COMBINE
 #undef SAME
 #undef SUM
-    pthread_mutex_unlock(&d->lock);
+    ps_mutex_unlock(&d->lock);
   }
 }
 
@@ -46,7 +46,7 @@ struct iteration_cost {
 #undef STEADY_FIELD
 };
 
-static pthread_mutex_t steady_lock = PTHREAD_MUTEX_INITIALIZER;
+static ps_mutex steady_lock = PS_MUTEX_INITIALIZER(PS_RANK_STEADY, "the steady statistics lock");
 static struct psa_stats at_boundary; /* the statistics at the last boundary */
 static uint64_t boundary_ns;          /* 0: none yet */
 static struct iteration_cost kept[STEADY_KEEP];
@@ -56,7 +56,7 @@ void psa_stats_boundary(bool first, struct psa_stats *taken)
 {
   psa_stats_get(taken);
   uint64_t t = psa_now_ns();
-  pthread_mutex_lock(&steady_lock);
+  ps_mutex_lock(&steady_lock);
   if (first) /* a period newly trusted: a first step's short stretches are no iteration */
     nkept = 0;
   else if (boundary_ns) {
@@ -69,7 +69,7 @@ void psa_stats_boundary(bool first, struct psa_stats *taken)
   }
   at_boundary = *taken;
   boundary_ns = t;
-  pthread_mutex_unlock(&steady_lock);
+  ps_mutex_unlock(&steady_lock);
 }
 
 static int cmp_u64(const void *a, const void *b)
@@ -92,7 +92,7 @@ static uint64_t median_at(size_t offset, uint64_t from, uint64_t n, uint64_t *v)
 static uint64_t steady_median(struct iteration_cost *m)
 {
   uint64_t v[STEADY_KEEP];
-  pthread_mutex_lock(&steady_lock);
+  ps_mutex_lock(&steady_lock);
   uint64_t from = nkept > STEADY_KEEP ? nkept - STEADY_KEEP : 1, n = nkept > from ? nkept - from : 0;
   if (n) {
 #define STEADY_MEDIAN(name) m->name = median_at(offsetof(struct iteration_cost, name), from, n, v);
@@ -101,7 +101,7 @@ static uint64_t steady_median(struct iteration_cost *m)
     PSA_STEADY_FIELDS(STEADY_MEDIAN)
 #undef STEADY_MEDIAN
   }
-  pthread_mutex_unlock(&steady_lock);
+  ps_mutex_unlock(&steady_lock);
   return n;
 }
 

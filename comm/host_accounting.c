@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "comm/node.h"
+#include "core/core.h"
 
 static uint64_t live_total(struct psc_node *node) {
   uint64_t total = 0;
@@ -24,11 +25,18 @@ static void reclaim_dead(struct psc_node *node) {
 }
 
 static bool lock(struct psc_node *node) {
+  ps_lock_check_take(&node->host_lock, PS_RANK_NODE_HOST, "the node's host-memory lock", false);
   int rc = pthread_mutex_lock(&node->host_lock);
   if (rc == EOWNERDEAD) rc = pthread_mutex_consistent(&node->host_lock);
   if (rc == 0) return true;
+  ps_lock_check_give(&node->host_lock, "the node's host-memory lock");
   psc_errorf("cannot take the node's host-memory lock: %s", strerror(rc));
   return false;
+}
+
+static void unlock(struct psc_node *node) {
+  ps_lock_check_give(&node->host_lock, "the node's host-memory lock");
+  pthread_mutex_unlock(&node->host_lock);
 }
 
 bool psc_host_reserve(uint64_t bytes) {
@@ -48,7 +56,7 @@ bool psc_host_reserve(uint64_t bytes) {
   }
   bool ok = total + bytes <= node->host_budget;
   if (ok) atomic_fetch_add(mine, bytes);
-  pthread_mutex_unlock(&node->host_lock);
+  unlock(node);
   return ok;
 }
 

@@ -37,19 +37,19 @@ struct header {
   unsigned char answer[PSC_IPC_ANSWER];
 };
 
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static ps_mutex lock = PS_MUTEX_INITIALIZER(PS_RANK_COMM_IPC, "the IPC descriptor lock");
 static uint64_t token;     /* 0: not serving */
 static int listener = -1;
 static psc_ipc_answer_fn answer_fn;
 static bool stranger_said;
 
-static void atfork_prepare(void) { pthread_mutex_lock(&lock); }
-static void atfork_parent(void) { pthread_mutex_unlock(&lock); }
+static void atfork_prepare(void) { ps_mutex_lock(&lock); }
+static void atfork_parent(void) { ps_mutex_unlock(&lock); }
 static void atfork_child(void) {
   if (listener >= 0) close(listener);
   listener = -1;
   token = 0;
-  pthread_mutex_unlock(&lock);
+  ps_mutex_unlock(&lock);
 }
 static void register_atfork(void) { pthread_atfork(atfork_prepare, atfork_parent, atfork_child); }
 
@@ -148,10 +148,10 @@ static bool start(void) {
 uint64_t psc_ipc_serve(psc_ipc_answer_fn answer) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pthread_once(&once, register_atfork);
-  pthread_mutex_lock(&lock);
+  ps_mutex_lock(&lock);
   if (!token) answer_fn = answer; /* before the thread starts; it never changes while it runs */
   uint64_t t = token || start() ? token : 0;
-  pthread_mutex_unlock(&lock);
+  ps_mutex_unlock(&lock);
   return t;
 }
 

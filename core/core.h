@@ -3,11 +3,13 @@
  * ps_driver, the single table of CUDA driver entry points (filled by dlopen of
  * libcuda.so.1 at run time; the test driver stands in the same way); the options table
  * read from the environment; logging; the marking of psshim's own calls; glibc's real
- * dlsym; the forked-child flag; and the moment, what observation reports of a launch. */
+ * dlsym; the forked-child flag; ranked locks; and the moment, what observation reports of
+ * a launch. */
 #ifndef PSSHIM_CORE_H
 #define PSSHIM_CORE_H
 
 #include <cuda.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -21,6 +23,83 @@ void ps_log_write(int level, const char *fmt, ...) __attribute__((format(printf,
 /* An error the user must see (bad configuration, both budgets exhausted): printed at
  * PSSHIM_LOG=error and above, and error is the default level. */
 #define ps_error(...) ps_log(PS_LOG_ERROR, __VA_ARGS__)
+
+/* ---- locks: every psshim mutex has a rank, and a thread takes locks in rising rank ----
+ * Checked where NDEBUG is not defined (debug and test builds; lock.c): taking a lock not
+ * above every lock the thread holds, releasing one it does not hold, or a function that
+ * drops a lock called without it, aborts with both locks named. Release builds keep only
+ * the pthread calls. Devices' locks rank by ordinal: the fork handler, the one place that
+ * holds several, takes them in rising order. A trylock never waits, so it may take any rank. */
+enum ps_lock_rank {
+  PS_RANK_PERIOD = 1,    /* shim/wiring.c: the iteration's period, before any device */
+  PS_RANK_MEETING,       /* allocator/rounds.c: one thread meets the node's ranks */
+  PS_RANK_COMM_IPC,      /* comm/ipc.c: the IPC service; never held with a device's lock */
+  PS_RANK_SETUP,         /* allocator/space.c: devices being set up */
+  PS_RANK_MOVER,         /* allocator's mover wake-ups: never held with a device's lock */
+  PS_RANK_DEVICE,        /* allocator's device locks: PS_RANK_DEVICE + ordinal */
+  PS_RANK_IMPORTS = PS_RANK_DEVICE + 64, /* allocator/ipc.c: handles opened from other processes */
+  PS_RANK_STEADY,        /* allocator/stats.c: steady-state statistics */
+  PS_RANK_NODE_HOST,     /* comm/: the node's pinned host memory, shared among processes */
+  PS_RANK_CUPTI_GUEST,   /* tracer/cupti_guest.c */
+  PS_RANK_TRACE_OPEN,    /* tracer/trace_writer.c: open and close */
+  PS_RANK_TRACE_FLUSH,   /*   the file and the block */
+  PS_RANK_TRACE_DICT,    /*   strings, stacks, meta */
+  PS_RANK_TRACE_WAKE,    /*   the flusher's wake-ups */
+};
+typedef struct {
+  pthread_mutex_t m;
+  unsigned rank;
+  const char *name;
+} ps_mutex;
+#define PS_MUTEX_INITIALIZER(rank_, name_) {.m = PTHREAD_MUTEX_INITIALIZER, .rank = (rank_), .name = (name_)}
+void ps_mutex_init(ps_mutex *m, unsigned rank, const char *name);
+#ifndef NDEBUG
+#define PS_CHECKS 1
+/* A debug check failed: one line on stderr (no stdio, no malloc: it runs inside hooks),
+ * prefixed "psshim: check failed: ", then abort. */
+__attribute__((noreturn, format(printf, 1, 2))) void ps_check_failed(const char *fmt, ...);
+/* The lock at `lock` of `rank` about to be taken (order checked unless trying), taken, given
+ * back; and asserts that the calling thread holds it (`why`: the caller, for the message). */
+void ps_lock_check_take(const void *lock, unsigned rank, const char *name, bool trying);
+void ps_lock_check_give(const void *lock, const char *name);
+void ps_lock_check_held(const void *lock, const char *name, const char *why);
+/* The thread holds no psshim lock (before a wait others' progress must not depend on). */
+void ps_lock_check_none(const char *why);
+#define ps_mutex_assert_held(mx) ps_lock_check_held((mx), (mx)->name, __func__)
+#else
+#define ps_lock_check_take(lock, rank, name, trying) ((void)0)
+#define ps_lock_check_give(lock, name) ((void)0)
+#define ps_lock_check_none(why) ((void)0)
+#define ps_mutex_assert_held(mx) ((void)0)
+#endif
+static inline void ps_mutex_lock(ps_mutex *mx)
+{
+  ps_lock_check_take(mx, mx->rank, mx->name, false);
+  pthread_mutex_lock(&mx->m);
+}
+/* 0 when taken, as pthread_mutex_trylock. */
+static inline int ps_mutex_trylock(ps_mutex *mx)
+{
+  int r = pthread_mutex_trylock(&mx->m);
+  if (!r)
+    ps_lock_check_take(mx, mx->rank, mx->name, true);
+  return r;
+}
+static inline void ps_mutex_unlock(ps_mutex *mx)
+{
+  ps_lock_check_give(mx, mx->name);
+  pthread_mutex_unlock(&mx->m);
+}
+static inline void ps_cond_wait(pthread_cond_t *c, ps_mutex *mx)
+{
+  ps_mutex_assert_held(mx);
+  pthread_cond_wait(c, &mx->m);
+}
+static inline int ps_cond_timedwait(pthread_cond_t *c, ps_mutex *mx, const struct timespec *until)
+{
+  ps_mutex_assert_held(mx);
+  return pthread_cond_timedwait(c, &mx->m, until);
+}
 
 /* ---- the driver table ---- */
 #define PS_DRIVER_FUNCS(X)                                                            \

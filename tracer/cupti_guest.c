@@ -20,11 +20,11 @@
 #define GUEST_WORDS (GUEST_CBIDS / 64)
 
 static struct {
-  pthread_mutex_t lock; /* the guest's calls, one at a time */
+  ps_mutex lock; /* the guest's calls, one at a time */
   _Atomic(CUpti_CallbackFunc) fn;
   void *userdata;
   _Atomic uint64_t on[CUPTI_CB_DOMAIN_SIZE][GUEST_WORDS];
-} guest = {.lock = PTHREAD_MUTEX_INITIALIZER};
+} guest = {.lock = PS_MUTEX_INITIALIZER(PS_RANK_CUPTI_GUEST, "the CUPTI guest lock")};
 
 static char stand_in_byte; /* its address is the guest's handle: nothing else has it */
 #define STAND_IN ((void *)&stand_in_byte)
@@ -54,7 +54,7 @@ int pst_guest_subscribe(void **handle, pst_any_fn fn, void *userdata)
     return PST_GUEST_PASS;
   if (!handle || !fn)
     return CUPTI_ERROR_INVALID_PARAMETER;
-  pthread_mutex_lock(&guest.lock);
+  ps_mutex_lock(&guest.lock);
   int r = CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED; /* as CUPTI answers a third */
   if (!pst_guest_active()) {
     guest.userdata = userdata;
@@ -63,7 +63,7 @@ int pst_guest_subscribe(void **handle, pst_any_fn fn, void *userdata)
     r = CUPTI_SUCCESS;
     ps_log(PS_LOG_INFO, "a second CUPTI subscriber (a profiler?) shares psshim's subscription");
   }
-  pthread_mutex_unlock(&guest.lock);
+  ps_mutex_unlock(&guest.lock);
   return r;
 }
 
@@ -102,10 +102,10 @@ int pst_guest_unsubscribe(void *handle)
 {
   if (handle != STAND_IN)
     return PST_GUEST_PASS;
-  pthread_mutex_lock(&guest.lock);
+  ps_mutex_lock(&guest.lock);
   int r = pst_guest_active() ? CUPTI_SUCCESS : CUPTI_ERROR_INVALID_PARAMETER;
   drop_guest();
-  pthread_mutex_unlock(&guest.lock);
+  ps_mutex_unlock(&guest.lock);
   return r;
 }
 
@@ -115,11 +115,11 @@ int pst_guest_enable(uint32_t enable, void *handle, int domain, uint32_t cbid)
     return PST_GUEST_PASS;
   if (!valid_domain(domain) || cbid >= GUEST_CBIDS)
     return CUPTI_ERROR_INVALID_PARAMETER;
-  pthread_mutex_lock(&guest.lock);
+  ps_mutex_lock(&guest.lock);
   int r = CUPTI_ERROR_INVALID_PARAMETER;
   if (pst_guest_active() && (r = pst_observe_enable(enable, (CUpti_CallbackDomain)domain, cbid)) == CUPTI_SUCCESS)
     set_on(domain, cbid, enable);
-  pthread_mutex_unlock(&guest.lock);
+  ps_mutex_unlock(&guest.lock);
   return r;
 }
 
@@ -132,12 +132,12 @@ int pst_guest_enable_domain(uint32_t enable, void *handle, int domain)
     first = CUPTI_CB_DOMAIN_INVALID + 1, last = CUPTI_CB_DOMAIN_SIZE - 1;
   else if (!valid_domain(domain))
     return CUPTI_ERROR_INVALID_PARAMETER;
-  pthread_mutex_lock(&guest.lock);
+  ps_mutex_lock(&guest.lock);
   int r = pst_guest_active() ? CUPTI_SUCCESS : CUPTI_ERROR_INVALID_PARAMETER;
   for (int d = first; d <= last && r == CUPTI_SUCCESS; d++)
     if ((r = pst_observe_enable_domain(enable, (CUpti_CallbackDomain)d)) == CUPTI_SUCCESS)
       set_on(d, GUEST_CBIDS, enable);
-  pthread_mutex_unlock(&guest.lock);
+  ps_mutex_unlock(&guest.lock);
   return r;
 }
 
@@ -155,10 +155,10 @@ int pst_guest_finalize(void)
 {
   if (!pst_observe_subscribed())
     return PST_GUEST_PASS;
-  pthread_mutex_lock(&guest.lock);
+  ps_mutex_lock(&guest.lock);
   if (pst_guest_active())
     drop_guest();
-  pthread_mutex_unlock(&guest.lock);
+  ps_mutex_unlock(&guest.lock);
   ps_log(PS_LOG_INFO, "cuptiFinalize kept from CUPTI: psshim observes launches through it");
   return CUPTI_SUCCESS;
 }

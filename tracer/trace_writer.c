@@ -5,6 +5,7 @@
  * no lock when a thread emits a record (each thread owns a single-producer ring that only
  * the flusher consumes), bounded memory (a full ring drops and counts), and nothing printed
  * but one "psshim: " line when something fails. */
+#include "core/core.h"
 #include "tracer/tracer.h"
 
 #include <errno.h>
@@ -80,10 +81,10 @@ static __thread uint32_t tls_gen __attribute__((tls_model("initial-exec")));
 static pthread_key_t exit_key;
 
 /* ---- the open trace ---- */
-static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;  /* open/close */
-static pthread_mutex_t flush_lock = PTHREAD_MUTEX_INITIALIZER; /* the file and the block */
-static pthread_mutex_t dict_lock = PTHREAD_MUTEX_INITIALIZER;  /* strings, stacks, meta */
-static pthread_mutex_t wake_lock = PTHREAD_MUTEX_INITIALIZER;
+static ps_mutex open_lock = PS_MUTEX_INITIALIZER(PS_RANK_TRACE_OPEN, "the trace open lock"); /* open/close */
+static ps_mutex flush_lock = PS_MUTEX_INITIALIZER(PS_RANK_TRACE_FLUSH, "the trace flush lock"); /* the file and the block */
+static ps_mutex dict_lock = PS_MUTEX_INITIALIZER(PS_RANK_TRACE_DICT, "the trace dictionary lock"); /* strings, stacks, meta */
+static ps_mutex wake_lock = PS_MUTEX_INITIALIZER(PS_RANK_TRACE_WAKE, "the trace flusher wake lock");
 static pthread_cond_t wake; /* on CLOCK_MONOTONIC: init_wake, before the first open */
 static bool stopping;
 static pthread_t flusher;
@@ -158,9 +159,9 @@ static uint32_t intern_locked(const char *s, size_t len) {
 uint32_t pst_trace_intern(const char *s) {
   uint32_t id = 0;
   if (!s || !atomic_load_explicit(&tracing_on, memory_order_relaxed)) return 0;
-  pthread_mutex_lock(&dict_lock);
+  ps_mutex_lock(&dict_lock);
   if (dict_open) id = intern_locked(s, strlen(s));
-  pthread_mutex_unlock(&dict_lock);
+  ps_mutex_unlock(&dict_lock);
   return id;
 }
 
@@ -175,9 +176,9 @@ uint32_t pst_trace_stack_here(int skip) {
   const int first = 1 + skip; /* frame 0 is this function */
   int n = unw_backtrace(pcs, first + PST_STACK_MAX_DEPTH);
   if (n <= first) return 0;
-  pthread_mutex_lock(&dict_lock);
+  ps_mutex_lock(&dict_lock);
   if (dict_open) id = pst_itab_add(&stacks, pcs + first, (size_t)(n - first) * sizeof(void *), &added);
-  pthread_mutex_unlock(&dict_lock);
+  ps_mutex_unlock(&dict_lock);
   if (!id) atomic_fetch_add(&dict_drops, 1);
   return id;
 }
@@ -185,9 +186,9 @@ uint32_t pst_trace_stack_here(int skip) {
 /* Looks up the symbol of each new stack's frames (the slow part, kept off the threads that
  * capture stacks) and appends its STACK record after the STRING records it names. */
 static void symbolize_new_stacks(void) {
-  pthread_mutex_lock(&dict_lock);
+  ps_mutex_lock(&dict_lock);
   const uint32_t last = dict_open ? stacks.count : 0;
-  pthread_mutex_unlock(&dict_lock);
+  ps_mutex_unlock(&dict_lock);
   for (uint32_t id = stacks_symbolized + 1; id <= last; id++) {
     size_t len;
     const uint64_t *pcs = pst_itab_key(&stacks, id, &len); /* immutable once added */
@@ -212,15 +213,15 @@ static void symbolize_new_stacks(void) {
       }
       frames[i] = (struct pst_frame){ .pc = pcs[i], .offset = (uint32_t)(pcs[i] - start) };
       if (name) {
-        pthread_mutex_lock(&dict_lock);
+        ps_mutex_lock(&dict_lock);
         frames[i].symbol = dict_open ? intern_locked(name, strlen(name)) : 0;
-        pthread_mutex_unlock(&dict_lock);
+        ps_mutex_unlock(&dict_lock);
       }
     }
     struct pst_record r = { .type = PST_REC_STACK, .stack = { id, depth, frames } };
-    pthread_mutex_lock(&dict_lock);
+    ps_mutex_lock(&dict_lock);
     if (dict_open && !meta_append(&r)) atomic_fetch_add(&dict_drops, 1);
-    pthread_mutex_unlock(&dict_lock);
+    ps_mutex_unlock(&dict_lock);
   }
   stacks_symbolized = last;
 }
@@ -228,10 +229,10 @@ static void symbolize_new_stacks(void) {
 /* Moves meta into blocks, whole records at a time; the lock is not held across writes. */
 static void flush_meta(void) {
   for (;;) {
-    pthread_mutex_lock(&dict_lock);
+    ps_mutex_lock(&dict_lock);
     if (meta_flushed == meta_used) {
       meta_flushed = meta_used = 0;
-      pthread_mutex_unlock(&dict_lock);
+      ps_mutex_unlock(&dict_lock);
       return;
     }
     size_t n = 0;
@@ -245,7 +246,7 @@ static void flush_meta(void) {
     if (n) memcpy(block + PST_BLOCK_HEADER_SIZE + block_used, meta + meta_flushed, n);
     block_used += n;
     meta_flushed += n;
-    pthread_mutex_unlock(&dict_lock);
+    ps_mutex_unlock(&dict_lock);
     if (!n || meta_flushed < meta_used) block_write();
   }
 }
@@ -285,9 +286,9 @@ static void flush_locked(void) {
 }
 
 void pst_trace_flush(void) {
-  pthread_mutex_lock(&flush_lock);
+  ps_mutex_lock(&flush_lock);
   if (fd >= 0 && !write_failed) flush_locked();
-  pthread_mutex_unlock(&flush_lock);
+  ps_mutex_unlock(&flush_lock);
 }
 
 /* The flush thread waits on wake with a CLOCK_MONOTONIC deadline, so wake must measure
@@ -304,7 +305,7 @@ static void init_wake(void) {
 static void *flush_main(void *arg) {
   (void)arg;
   pthread_setname_np(pthread_self(), "psshim-trace"); /* so ps -T and debuggers say whose */
-  pthread_mutex_lock(&wake_lock);
+  ps_mutex_lock(&wake_lock);
   while (!stopping) {
     struct timespec until;
     clock_gettime(CLOCK_MONOTONIC, &until);
@@ -313,13 +314,13 @@ static void *flush_main(void *arg) {
       until.tv_sec++;
       until.tv_nsec -= 1000000000L;
     }
-    pthread_cond_timedwait(&wake, &wake_lock, &until);
+    ps_cond_timedwait(&wake, &wake_lock, &until);
     if (stopping) break;
-    pthread_mutex_unlock(&wake_lock);
+    ps_mutex_unlock(&wake_lock);
     pst_trace_flush();
-    pthread_mutex_lock(&wake_lock);
+    ps_mutex_lock(&wake_lock);
   }
-  pthread_mutex_unlock(&wake_lock);
+  ps_mutex_unlock(&wake_lock);
   return NULL;
 }
 
@@ -476,10 +477,10 @@ static void release_all(void) {
  * it stops tracing, leaves the parent's file alone, and may open a trace of its own. */
 static void atfork_child(void) {
   atomic_store(&tracing_on, 0);
-  pthread_mutex_init(&open_lock, NULL);
-  pthread_mutex_init(&flush_lock, NULL);
-  pthread_mutex_init(&dict_lock, NULL);
-  pthread_mutex_init(&wake_lock, NULL);
+  pthread_mutex_init(&open_lock.m, NULL);
+  pthread_mutex_init(&flush_lock.m, NULL);
+  pthread_mutex_init(&dict_lock.m, NULL);
+  pthread_mutex_init(&wake_lock.m, NULL);
   init_wake();
   stopping = false;
   release_all();
@@ -494,9 +495,9 @@ static void init_once(void) {
 bool pst_trace_open(const char *path, const struct pst_trace_header *h) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pthread_once(&once, init_once);
-  pthread_mutex_lock(&open_lock);
+  ps_mutex_lock(&open_lock);
   if (fd >= 0) {
-    pthread_mutex_unlock(&open_lock);
+    ps_mutex_unlock(&open_lock);
     say("already open, not opening", path, 0);
     return false;
   }
@@ -505,7 +506,7 @@ bool pst_trace_open(const char *path, const struct pst_trace_header *h) {
   fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
   if (fd < 0) {
     say("cannot be created:", path, errno);
-    pthread_mutex_unlock(&open_lock);
+    ps_mutex_unlock(&open_lock);
     return false;
   }
   struct pst_trace_header hd = *h;
@@ -530,7 +531,7 @@ bool pst_trace_open(const char *path, const struct pst_trace_header *h) {
   if (!meta || !block || !trace_path || !dict_open || write_failed) {
     if (!write_failed) say("cannot be set up (out of memory):", path, 0);
     release_all();
-    pthread_mutex_unlock(&open_lock);
+    ps_mutex_unlock(&open_lock);
     return false;
   }
   stopping = false;
@@ -546,29 +547,29 @@ bool pst_trace_open(const char *path, const struct pst_trace_header *h) {
     say("flush thread cannot start:", path, err);
     atomic_store(&tracing_on, 0);
     release_all();
-    pthread_mutex_unlock(&open_lock);
+    ps_mutex_unlock(&open_lock);
     return false;
   }
-  pthread_mutex_unlock(&open_lock);
+  ps_mutex_unlock(&open_lock);
   return true;
 }
 
 void pst_trace_close(void) {
-  pthread_mutex_lock(&open_lock);
+  ps_mutex_lock(&open_lock);
   if (fd < 0) {
-    pthread_mutex_unlock(&open_lock);
+    ps_mutex_unlock(&open_lock);
     return;
   }
   atomic_store(&tracing_on, 0);
   for (uint32_t i = 0; i < MAX_RINGS; i++)
     while (atomic_load(&rings[i].busy)) sched_yield();
-  pthread_mutex_lock(&wake_lock);
+  ps_mutex_lock(&wake_lock);
   stopping = true;
   pthread_cond_signal(&wake);
-  pthread_mutex_unlock(&wake_lock);
+  ps_mutex_unlock(&wake_lock);
   pthread_join(flusher, NULL);
 
-  pthread_mutex_lock(&flush_lock);
+  ps_mutex_lock(&flush_lock);
   flush_locked();
   uint64_t drops = atomic_load(&orphan_drops) + atomic_load(&dict_drops), bytes = 0;
   for (uint32_t i = 0; i < MAX_RINGS; i++) {
@@ -588,9 +589,9 @@ void pst_trace_close(void) {
   struct pst_record end = { .type = PST_REC_END, .tid = tid, .ts_ns = now_ns(CLOCK_MONOTONIC) };
   block_used += pst_encode_record(&end, block_room(pst_record_size(&end)));
   block_write();
-  pthread_mutex_lock(&dict_lock);
+  ps_mutex_lock(&dict_lock);
   release_all();
-  pthread_mutex_unlock(&dict_lock);
-  pthread_mutex_unlock(&flush_lock);
-  pthread_mutex_unlock(&open_lock);
+  ps_mutex_unlock(&dict_lock);
+  ps_mutex_unlock(&flush_lock);
+  ps_mutex_unlock(&open_lock);
 }

@@ -1052,14 +1052,14 @@ static void deleted_span_gives_back_mark(void *arg)
   if (ps_driver.cuStreamSynchronize(s) || psa_free(x, s, true))
     exit(32);
   struct device *d = &psa_devices[0];
-  pthread_mutex_lock(&d->lock);
+  ps_mutex_lock(&d->lock);
   struct span *sp = d->chunks[psa_chunk_of(x, NULL)].span;
   uint32_t marks = d->chunks[sp->first_chunk].nusers, pool = d->events.n;
   bool idle = sp != d->chunks[psa_chunk_of(q, NULL)].span && psa_span_idle(d, sp);
   if (idle)
     psa_span_delete(d, sp);
   uint32_t returned = d->events.n - pool;
-  pthread_mutex_unlock(&d->lock);
+  ps_mutex_unlock(&d->lock);
   if (!idle || marks != 1 || returned != 1) {
     fprintf(stderr, "deleted_span_gives_back_mark: idle %d, marks %u, events back in the pool %u\n", idle, marks,
             returned);
@@ -1091,14 +1091,14 @@ static void launch_touches_named(void *arg)
     exit(177);
   for (int i = 0; i < 3; i++)
     launch(fill_kernel, x, 4 * MiB, 5, s);
-  pthread_mutex_lock(&d->lock);
+  ps_mutex_lock(&d->lock);
   bool x_used = d->chunks[cx].last_use && d->chunks[cx + 1].last_use && d->chunks[cx].nusers;
   bool y_untouched = !d->chunks[cy].last_use && !d->chunks[cy + 1].last_use && !d->chunks[cy].nusers;
-  pthread_mutex_unlock(&d->lock);
+  ps_mutex_unlock(&d->lock);
   launch(fill_kernel, x + MiB, MiB, 6, s); /* a view into x */
-  pthread_mutex_lock(&d->lock);
+  ps_mutex_lock(&d->lock);
   bool y_by_view = d->chunks[cy].last_use && d->chunks[cy + 1].last_use;
-  pthread_mutex_unlock(&d->lock);
+  ps_mutex_unlock(&d->lock);
   ps_driver.cuStreamSynchronize(s);
   if (!x_used || !y_untouched || !y_by_view) {
     fprintf(stderr, "launch_touches_named: x used %d, y untouched %d, y touched through a view %d\n", x_used,
