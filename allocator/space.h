@@ -116,9 +116,10 @@ struct alloc_entry {
   uint64_t graph; /* the capture it was made in (capture.c), 0 outside any */
 };
 
-/* One device's allocator state. Lock order: space.c's setup_lock, then a device's lock
- * (comm/'s node accounting, psc_host_reserve, is called under it); two devices' locks are
- * never held at once (mover.c and alloc.c visit devices one at a time). Each group below
+/* One device's allocator state. Lock order (core.h's ranks, checked in debug builds):
+ * space.c's setup_lock, then a device's lock (comm/'s node accounting, psc_host_reserve,
+ * and the trace are called under it); two devices' locks are held at once only by the fork
+ * handler, in rising ordinal (mover.c and alloc.c visit devices one at a time). Each group below
  * says what guards it. One lock guards every mutable group: an allocation, a move and a
  * plan each read and write the chunks, their spans, frames, marks and statistics in one
  * step, so finer locks would be taken together on every path, and the drops below would

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Every test: a normal build (gcc) and a sanitizer build (clang, ASan+UBSan), each
-# running `meson test` (cmocka unit tests, fake-driver integration tests; in the sanitizer
-# build also the fuzzers, 20 seconds each, tests/fuzz/README.md); the allocator's
+# Every test: a normal build (gcc) and a sanitizer build (clang, ASan+UBSan), each with
+# the debug checks on, running `meson test` (cmocka unit tests, fake-driver integration
+# tests; in the sanitizer build also the fuzzers, 20 seconds each, tests/fuzz/README.md);
+# a release build, to see that it carries none of the debug checks; the allocator's
 # tests under ThreadSanitizer; then the unit tests of the allocator, options, policy,
 # tracer and report again under valgrind.
 set -euo pipefail
@@ -19,6 +20,16 @@ run() { # name, then meson setup options
   meson test -C "$dir" --num-processes "$jobs" --print-errorlogs
 }
 run build
+# The debug checks (core.h's ranked locks, the allocator's invariants) are in the test
+# builds and in no release build: the release library's symbol table has none of them.
+checks='ps_lock_check_|ps_check_failed|psa_span_check|psa_frames_check'
+[ -f build-release/build.ninja ] || meson setup build-release -Dtoolkit="$toolkit" --buildtype=release >/dev/null
+build build-release
+nm build/libpsshim.so | grep -qE "$checks" || { echo "tests/run.sh: the test build has no debug checks" >&2; exit 1; }
+if nm build-release/libpsshim.so | grep -E "$checks" >&2; then
+  echo "tests/run.sh: the release build carries debug checks (above)" >&2
+  exit 1
+fi
 # UBSan only prints unless told to stop: undefined behaviour fails the test that ran it.
 CC=clang UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1} \
   run build-sanitize -Db_sanitize=address,undefined -Db_lundef=false

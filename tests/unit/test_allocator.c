@@ -1415,6 +1415,10 @@ static void two_devices(void *arg)
       exit(62);
     launch(fill_kernel, b[i], 2 * MiB, 100u + (uint64_t)i, 0);
   }
+  /* The fork handlers hold both devices' locks at once, as a fork here would: in the rank
+   * order (rising ordinal), which the debug checks hold them to. */
+  psa_atfork_prepare();
+  psa_atfork_parent();
   int o0 = -1, o1 = -1;
   psa_chunk_of(a[0], &o0);
   psa_chunk_of(b[0], &o1);
