@@ -89,22 +89,13 @@ static int in_child(void (*fn)(void *), void *arg)
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-/* d->lock: a ranked ps_mutex where core has them (its lock checks must see it taken). */
-#ifdef PS_MUTEX_INITIALIZER
-#define device_lock(d) ps_mutex_lock(&(d)->lock)
-#define device_unlock(d) ps_mutex_unlock(&(d)->lock)
-#else
-#define device_lock(d) pthread_mutex_lock(&(d)->lock)
-#define device_unlock(d) pthread_mutex_unlock(&(d)->lock)
-#endif
-
 /* One move of the chunk to a host frame, as the pager would start it. */
 static CUresult move_to_host(uint64_t chunk)
 {
   struct device *d = &psa_devices[0];
-  device_lock(d);
+  ps_mutex_lock(&d->lock);
   CUresult r = psa_move(d, chunk, PSA_HOST);
-  device_unlock(d);
+  ps_mutex_unlock(&d->lock);
   return r;
 }
 
