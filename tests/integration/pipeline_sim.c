@@ -1,0 +1,154 @@
+/* bench/pipeline.cu on the test driver: the same layer pipeline (bench/pipeline.h: its
+ * settings, launch order and element arithmetic), its kernels host functions, small enough
+ * for a test. L layers of S MiB weights, each its own cudaMalloc; a step is forward over
+ * layers 0..L-1 (reading each PASSES times) then backward over L-1..0 (reading and writing
+ * it). After every step each layer is read back and compared with a host model of the same
+ * arithmetic. At the end it prints one line (checksum, mismatches, whether psshim is
+ * loaded) and, under psshim, what psshim_stats_json says it did: moves each way and chunk
+ * touches served in place, from which the GPU runs' counts can be predicted.
+ * Settings as bench/pipeline.cu's (environment or KEY=VALUE arguments); defaults here
+ * L=16 S_MB=4 PASSES=4 ITERS=2 STEPS=30. PIPELINE_SIM_NEED_PSSHIM=1: fail when psshim is
+ * not loaded. Exit 1 on a mismatch. */
+#define SIM_NAME "pipeline_sim"
+#include "tests/integration/sim.h"
+
+#include "bench/pipeline.h"
+
+#include <dlfcn.h>
+
+static volatile uint32_t forward_sink; /* as the .cu's: the forward sums are not dead code */
+
+/* Kernel parameters, every one 8 bytes: (weights, elements, layer) */
+static void init_fn(void **args, void *user)
+{
+  (void)user;
+  uint32_t *w = *(uint32_t **)args[0];
+  uint64_t n = *(uint64_t *)args[1], layer = *(uint64_t *)args[2];
+  for (uint64_t i = 0; i < 4 * n; i++)
+    w[i] = pipe_init_word((uint32_t)layer, i);
+}
+
+/* (weights, elements, passes, iters) */
+static void forward_fn(void **args, void *user)
+{
+  (void)user;
+  const uint32_t *w = *(uint32_t **)args[0];
+  uint64_t n = *(uint64_t *)args[1], passes = *(uint64_t *)args[2], iters = *(uint64_t *)args[3];
+  uint32_t sum = 0;
+  for (uint64_t p = 0; p < passes; p++)
+    for (uint64_t i = 0; i < n; i++)
+      sum += pipe_work(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3], (uint32_t)p, (int)iters);
+  if (sum == PIPE_SINK_MAGIC)
+    forward_sink = sum;
+}
+
+/* (weights, elements, iters): also the host model's step for one layer */
+static void backward_layer(uint32_t *w, uint64_t n, int iters)
+{
+  for (uint64_t i = 0; i < n; i++)
+    pipe_update(&w[4 * i], &w[4 * i + 1], &w[4 * i + 2], &w[4 * i + 3], iters);
+}
+
+static void backward_fn(void **args, void *user)
+{
+  (void)user;
+  backward_layer(*(uint32_t **)args[0], *(uint64_t *)args[1], (int)*(uint64_t *)args[2]);
+}
+
+/* A number after "key": in psshim_stats_json's text; 0 when absent. */
+static unsigned long long stat_of(const char *json, const char *key)
+{
+  char pattern[96];
+  snprintf(pattern, sizeof pattern, "\"%s\": ", key);
+  const char *at = strstr(json, pattern);
+  return at ? strtoull(at + strlen(pattern), NULL, 10) : 0;
+}
+
+int main(int argc, char **argv)
+{
+  struct pipe_config c = {16, 4, 4, 2, 30, 0};
+  char err[256];
+  if (!pipe_config_read(&c, argc, argv, err, sizeof err)) {
+    fprintf(stderr, "pipeline_sim: %s\n", err);
+    return 2;
+  }
+  static const size_t sizes3[] = {8, 8, 8}, sizes4[] = {8, 8, 8, 8};
+  CUfunction init_k = fakecuda_register_kernel("pipeline_init", init_fn, NULL, 3, sizes3),
+             forward_k = fakecuda_register_kernel("pipeline_forward", forward_fn, NULL, 4, sizes4),
+             backward_k = fakecuda_register_kernel("pipeline_backward", backward_fn, NULL, 3, sizes3);
+  if (!init_k || !forward_k || !backward_k) {
+    fprintf(stderr, "pipeline_sim: registering the kernels failed\n");
+    return 2;
+  }
+  const uint64_t bytes = pipe_layer_bytes(&c), words = bytes / 4;
+  uint64_t n = pipe_layer_elems(&c), passes = (uint64_t)c.passes, iters = (uint64_t)c.iters;
+  cudaStream_t s;
+  check(cudaStreamCreate(&s), "cudaStreamCreate");
+  uint32_t **w = calloc((size_t)c.layers, sizeof *w);
+  uint32_t *model = malloc(bytes * (size_t)c.layers), *host = malloc(bytes);
+  if (!w || !model || !host) {
+    fprintf(stderr, "pipeline_sim: out of host memory\n");
+    return 2;
+  }
+  for (long l = 0; l < c.layers; l++) {
+    check(cudaMalloc((void **)&w[l], bytes), "cudaMalloc");
+    uint64_t layer = (uint64_t)l;
+    void *p[] = {&w[l], &n, &layer};
+    launch(init_k, p, s);
+    for (uint64_t i = 0; i < words; i++)
+      model[(uint64_t)l * words + i] = pipe_init_word((uint32_t)l, i);
+  }
+  uint64_t bad = 0;
+  for (long step = 0; step < c.steps; step++) {
+    for (long j = 0; j < 2 * c.layers; j++) {
+      long l = pipe_layer_at(j, c.layers);
+      if (pipe_writes_at(j, c.layers)) {
+        void *p[] = {&w[l], &n, &iters};
+        launch(backward_k, p, s);
+        backward_layer(&model[(uint64_t)l * words], n, (int)iters);
+      } else {
+        void *p[] = {&w[l], &n, &passes, &iters};
+        launch(forward_k, p, s);
+      }
+    }
+    check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    for (long l = 0; l < c.layers; l++) {
+      check(cudaMemcpy(host, w[l], bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+      const uint32_t *want = &model[(uint64_t)l * words];
+      for (uint64_t i = 0; i < words; i++)
+        bad += host[i] != want[i];
+    }
+  }
+  struct pipe_hash h;
+  pipe_hash_init(&h);
+  pipe_hash_add(&h, model, bytes * (size_t)c.layers); /* equal to the weights' when bad is 0 */
+  for (long l = 0; l < c.layers; l++)
+    check(cudaFree(w[l]), "cudaFree");
+  check(cudaStreamDestroy(s), "cudaStreamDestroy");
+
+  bool loaded = dlsym(RTLD_DEFAULT, "psshim_owns") != NULL;
+  printf("pipeline_sim: %ld steps, %ld layers x %ld MiB, %ld passes, %ld iters: checksum %016llx, mismatches %llu, "
+         "psshim %s\n", c.steps, c.layers, c.layer_mib, c.passes, c.iters, (unsigned long long)pipe_hash_end(&h),
+         (unsigned long long)bad, loaded ? "loaded" : "absent");
+  size_t (*stats_json)(char *, size_t) = (size_t (*)(char *, size_t))dlsym(RTLD_DEFAULT, "psshim_stats_json");
+  char text[8192];
+  size_t len = stats_json ? stats_json(text, sizeof text) : 0;
+  if (len > 0 && len < sizeof text) {
+    unsigned long long place = stat_of(text, "touches_host"), all = place + stat_of(text, "touches_gpu");
+    printf("pipeline_sim: psshim moved %llu chunks to the GPU (%llu MiB), %llu to the host (%llu MiB); chunk "
+           "touches in place %llu of %llu (%.1f%%); period %llu, trusted at launch %llu of %llu; copy waits %llu, "
+           "late waits %llu\n",
+           stat_of(text, "migrations_to_gpu"), stat_of(text, "bytes_h2d") >> 20, stat_of(text, "migrations_to_host"),
+           stat_of(text, "bytes_d2h") >> 20, place, all, all ? 100.0 * (double)place / (double)all : 0.0,
+           stat_of(text, "period"), stat_of(text, "period_adopted_at"), stat_of(text, "launches"),
+           stat_of(text, "copy_waits"), stat_of(text, "late_waits"));
+  }
+  fflush(stdout); /* before psshim's own statistics at exit, on stderr */
+  free(w), free(model), free(host);
+  const char *need = getenv("PIPELINE_SIM_NEED_PSSHIM");
+  if (need && atoi(need) && !loaded) {
+    fprintf(stderr, "pipeline_sim: psshim is not loaded\n");
+    return 1;
+  }
+  return bad ? 1 : 0;
+}
