@@ -66,7 +66,7 @@ void psa_unrelax(struct psa_relaxed *r)
     ps_driver.cuThreadExchangeStreamCaptureMode(&r->mode);
 }
 
-static _Thread_local uint64_t placing; /* the capture of the allocation this thread places */
+static PS_THREAD_LOCAL uint64_t placing; /* the capture of the allocation this thread places */
 
 void psa_placing_capture(uint64_t capture) { placing = capture; }
 

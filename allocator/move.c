@@ -14,7 +14,7 @@
 #include <stdlib.h>
 
 _Atomic bool psa_moves_off;
-_Thread_local bool psa_moves_settle;
+PS_THREAD_LOCAL bool psa_moves_settle;
 struct psa_move_hooks psa_move_hooks;
 
 bool psa_moves_setup(struct device *d)

@@ -34,7 +34,7 @@ extern struct psa_move_hooks psa_move_hooks;
 extern _Atomic bool psa_moves_off;
 /* The calling thread's waits hold no launch back (the mover): before a remap it lets the
  * copies in flight drain to a few (move.c). */
-extern _Thread_local bool psa_moves_settle;
+extern PS_THREAD_LOCAL bool psa_moves_settle;
 
 /* Calls below with d->lock held; psa_move and psa_swap_in drop it while they take frames,
  * and check again what they read before. */

@@ -283,7 +283,7 @@ static void stop_paging(const struct ps_moment *l, bool capturing)
     each_device(wait_copies, l);
 }
 
-static _Thread_local bool tls_unbracketed; /* this thread's current moment is not bracketed */
+static PS_THREAD_LOCAL bool tls_unbracketed; /* this thread's current moment is not bracketed */
 
 #define RUNAHEAD_WAIT_NS 1000000000ull /* the longest the bound holds the host back */
 
@@ -374,7 +374,7 @@ static void *mover_main(void *arg)
   return NULL;
 }
 
-static _Thread_local uint64_t tls_launch_ns; /* this thread's time in the pager not yet told to a mover */
+static PS_THREAD_LOCAL uint64_t tls_launch_ns; /* this thread's time in the pager not yet told to a mover */
 
 /* Whether the device's turns go to a mover: with PSSHIM_MOVER=crowded, once a plan has
  * found the iteration's own allocations outgrowing the GPU (its largest margin above the

@@ -190,6 +190,9 @@ bool ps_own_calls_anywhere(void); /* on any thread */
 /* Code that may run before a sanitizer runtime has initialised (it calls dlsym from its
  * own start-up): no instrumentation, so a sanitized build of psshim can be preloaded. */
 #define PS_NO_SANITIZE __attribute__((no_sanitize("address", "undefined")))
+/* Every psshim thread-local: initial-exec, the model of a library loaded with the program,
+ * so that a first touch never calls __tls_get_addr, which may malloc (inside a hook). */
+#define PS_THREAD_LOCAL _Thread_local __attribute__((tls_model("initial-exec")))
 
 /* glibc's own dlsym: psshim overrides the exported dlsym, so its own lookups use this. */
 void *ps_real_dlsym(void *handle, const char *name);

@@ -95,9 +95,8 @@ CUresult ps_cu_checked(CUresult r, const char *what, const char *file, int line)
   return r;
 }
 
-/* initial-exec: read in hooks, where a first TLS access must not allocate. */
-static __thread bool own_calls __attribute__((tls_model("initial-exec")));
-static __thread bool own_work __attribute__((tls_model("initial-exec")));
+static PS_THREAD_LOCAL bool own_calls;
+static PS_THREAD_LOCAL bool own_work;
 static _Atomic int own_calls_anywhere;
 
 void ps_own_calls(bool on)

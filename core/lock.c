@@ -20,12 +20,12 @@ void ps_mutex_init(ps_mutex *mx, unsigned rank, const char *name)
 
 #define HELD_MAX 24 /* the fork handler holds every device's lock (16) and a few more */
 
-static _Thread_local __attribute__((tls_model("initial-exec"))) struct {
+static PS_THREAD_LOCAL struct {
   const void *lock;
   unsigned rank;
   const char *name;
 } held[HELD_MAX];
-static _Thread_local __attribute__((tls_model("initial-exec"))) unsigned nheld;
+static PS_THREAD_LOCAL unsigned nheld;
 
 void ps_check_failed(const char *fmt, ...)
 {

@@ -22,9 +22,9 @@ struct collective {
 };
 
 #define GROUP_PENDING_MAX 256
-static _Thread_local int group_depth;
-static _Thread_local struct collective group_pending[GROUP_PENDING_MAX];
-static _Thread_local int group_n;
+static PS_THREAD_LOCAL int group_depth;
+static PS_THREAD_LOCAL struct collective group_pending[GROUP_PENDING_MAX];
+static PS_THREAD_LOCAL int group_n;
 
 static size_t type_size(ncclDataType_t t)
 {

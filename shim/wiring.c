@@ -178,7 +178,7 @@ static uint64_t track_iteration(const struct ps_moment *l)
 static void on_moment(const struct ps_moment *l, bool enter, void *user)
 {
   (void)user;
-  static _Thread_local uint64_t position; /* of this thread's latest enter: its exit's too */
+  static PS_THREAD_LOCAL uint64_t position; /* of this thread's latest enter: its exit's too */
   if (enter && detector)
     position = track_iteration(l);
   if (ps_options.policy != PS_POLICY_STATIC)

@@ -309,9 +309,9 @@ static uint32_t copy_kind(const struct transfer_kind *t, uint64_t dst, uint64_t 
 }
 
 /* The enter callback's findings, kept for the exit callback of the same call. */
-static _Thread_local struct found tls_found;
-static _Thread_local struct ps_moment tls_launch;
-static _Thread_local bool tls_handling; /* inside on_api on this thread */
+static PS_THREAD_LOCAL struct found tls_found;
+static PS_THREAD_LOCAL struct ps_moment tls_launch;
+static PS_THREAD_LOCAL bool tls_handling; /* inside on_api on this thread */
 
 static void on_launch(CUpti_CallbackId cbid, const CUpti_CallbackData *cb, struct ps_moment *l, struct found *f)
 {

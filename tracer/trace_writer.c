@@ -74,8 +74,8 @@ static _Atomic uint64_t orphan_drops;    /* records of threads that had no ring 
 
 static _Atomic int tracing_on;
 static _Atomic uint32_t generation;      /* bumped by every open and close */
-static __thread struct ring *tls_ring __attribute__((tls_model("initial-exec")));
-static __thread uint32_t tls_gen __attribute__((tls_model("initial-exec")));
+static PS_THREAD_LOCAL struct ring *tls_ring;
+static PS_THREAD_LOCAL uint32_t tls_gen;
 /* A thread past its exit destructor: it must not claim a ring again. */
 #define DEAD_RING ((struct ring *)1)
 static pthread_key_t exit_key;
