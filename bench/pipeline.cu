@@ -17,9 +17,7 @@
 
 #include <cuda_runtime.h>
 #include <dlfcn.h>
-#include <time.h>
 
-#include <algorithm>
 #include <vector>
 
 static void check(cudaError_t e, const char *what, int line)
@@ -32,13 +30,6 @@ static void check(cudaError_t e, const char *what, int line)
 #define CK(call) check((call), #call, __LINE__)
 // A launch's own errors (bad configuration) at once; faults inside it at the next sync.
 #define CK_LAUNCH() check(cudaGetLastError(), "kernel launch", __LINE__)
-
-static double now_s()
-{
-  timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 // Where forward's sums would go: a module variable, not an allocation, so psshim neither
 // serves it nor counts it among the chunks a launch touches.
@@ -81,7 +72,7 @@ int main(int argc, char **argv)
     return 2;
   }
   const uint64_t bytes = pipe_layer_bytes(&c), n = pipe_layer_elems(&c);
-  double t_setup = now_s();
+  double t_setup = pipe_now_s();
   int dev = 0, sms = 0;
   CK(cudaSetDevice(dev));
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
@@ -95,11 +86,11 @@ int main(int argc, char **argv)
     CK_LAUNCH();
   }
   CK(cudaStreamSynchronize(s));
-  t_setup = now_s() - t_setup;
+  t_setup = pipe_now_s() - t_setup;
 
   std::vector<double> steps;
   for (long step = 0; step < c.steps; step++) {
-    double t0 = now_s();
+    double t0 = pipe_now_s();
     for (long j = 0; j < 2 * c.layers; j++) {
       uint4 *layer = w[(size_t)pipe_layer_at(j, c.layers)];
       if (pipe_writes_at(j, c.layers))
@@ -109,14 +100,9 @@ int main(int argc, char **argv)
       CK_LAUNCH();
     }
     CK(cudaStreamSynchronize(s));
-    steps.push_back(now_s() - t0);
+    steps.push_back(pipe_now_s() - t0);
   }
-  std::vector<double> timed(steps.begin() + c.warmup, steps.end());
-  std::sort(timed.begin(), timed.end());
-  size_t m = timed.size();
-  double median = m % 2 ? timed[m / 2] : (timed[m / 2 - 1] + timed[m / 2]) / 2;
-
-  double t_hash = now_s();
+  double t_hash = pipe_now_s();
   std::vector<unsigned char> host(bytes);
   pipe_hash h;
   pipe_hash_init(&h);
@@ -124,21 +110,15 @@ int main(int argc, char **argv)
     CK(cudaMemcpy(host.data(), w[(size_t)l], bytes, cudaMemcpyDeviceToHost));
     pipe_hash_add(&h, host.data(), bytes);
   }
-  t_hash = now_s() - t_hash;
+  t_hash = pipe_now_s() - t_hash;
   for (long l = 0; l < c.layers; l++)
     CK(cudaFree(w[(size_t)l]));
   CK(cudaStreamDestroy(s));
   // Whether psshim served the allocations: its exported query is there only when it is loaded.
   bool psshim = dlsym(RTLD_DEFAULT, "psshim_owns") != NULL;
 
-  printf("{\"L\": %ld, \"S_MB\": %ld, \"passes\": %ld, \"iters\": %ld, \"warmup\": %ld, \"step_s_median\": %.6f, "
-         "\"steps\": [",
-         c.layers, c.layer_mib, c.passes, c.iters, c.warmup, median);
-  for (size_t i = 0; i < steps.size(); i++)
-    printf("%s%.6f", i ? ", " : "", steps[i]);
-  printf("], \"weights_checksum\": \"%016llx\", \"bytes_per_step_each_way\": %llu, \"psshim\": %s, "
-         "\"setup_s\": %.3f, \"hash_s\": %.3f}\n",
-         (unsigned long long)pipe_hash_end(&h), (unsigned long long)(bytes * (uint64_t)c.layers),
-         psshim ? "true" : "false", t_setup, t_hash);
+  char extra[96];
+  snprintf(extra, sizeof extra, "\"setup_s\": %.3f, \"hash_s\": %.3f", t_setup, t_hash);
+  pipe_print_result(&c, steps.data(), pipe_hash_end(&h), psshim, extra);
   return fflush(stdout) == 0 ? 0 : 1;
 }

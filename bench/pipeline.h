@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #ifdef __CUDACC__
 #define PIPE_FN __host__ __device__ static inline
@@ -171,6 +172,45 @@ static inline uint64_t pipe_hash_end(const struct pipe_hash *h)
   for (int k = 0; k < 4; k++)
     x = (x ^ h->lane[k]) * PIPE_HASH_PRIME, x ^= x >> 29;
   return x;
+}
+
+/* ---- the result: one JSON line on stdout ---- */
+
+static inline double pipe_now_s(void)
+{
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static inline int pipe_cmp_double(const void *a, const void *b)
+{
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* {"L", "S_MB", "passes", "iters", "warmup", "step_s_median" (of the steps after the
+ * warmup), "steps" (every step's seconds), "weights_checksum", "bytes_per_step_each_way"
+ * (L*S), "psshim" (whether it is loaded), then `extra` (more "key": value pairs, or "")}. */
+static inline void pipe_print_result(const struct pipe_config *c, const double *steps, uint64_t checksum,
+                                     bool psshim, const char *extra)
+{
+  size_t m = (size_t)(c->steps - c->warmup);
+  double *timed = (double *)malloc(m * sizeof *timed), median = 0;
+  if (timed) {
+    memcpy(timed, steps + c->warmup, m * sizeof *timed);
+    qsort(timed, m, sizeof *timed, pipe_cmp_double);
+    median = m % 2 ? timed[m / 2] : (timed[m / 2 - 1] + timed[m / 2]) / 2;
+    free(timed);
+  }
+  printf("{\"L\": %ld, \"S_MB\": %ld, \"passes\": %ld, \"iters\": %ld, \"warmup\": %ld, \"step_s_median\": %.6f, "
+         "\"steps\": [",
+         c->layers, c->layer_mib, c->passes, c->iters, c->warmup, median);
+  for (long i = 0; i < c->steps; i++)
+    printf("%s%.6f", i ? ", " : "", steps[i]);
+  printf("], \"weights_checksum\": \"%016llx\", \"bytes_per_step_each_way\": %llu, \"psshim\": %s%s%s}\n",
+         (unsigned long long)checksum, (unsigned long long)(pipe_layer_bytes(c) * (uint64_t)c->layers),
+         psshim ? "true" : "false", *extra ? ", " : "", extra);
 }
 
 #endif

@@ -3,7 +3,9 @@
  * for a test. L layers of S MiB weights, each its own cudaMalloc; a step is forward over
  * layers 0..L-1 (reading each PASSES times) then backward over L-1..0 (reading and writing
  * it). After every step each layer is read back and compared with a host model of the same
- * arithmetic. At the end it prints one line (checksum, mismatches, whether psshim is
+ * arithmetic (those copies are launches psshim sees too: its iteration is 3L long here,
+ * 2L on the GPU). At the end it prints bench/pipeline.cu's JSON line (so that
+ * bench/pipeline.py runs it as well), then one line (checksum, mismatches, whether psshim is
  * loaded) and, under psshim, what psshim_stats_json says it did: moves each way and chunk
  * touches served in place, from which the GPU runs' counts can be predicted.
  * Settings as bench/pipeline.cu's (environment or KEY=VALUE arguments); defaults here
@@ -99,34 +101,47 @@ int main(int argc, char **argv)
       model[(uint64_t)l * words + i] = pipe_init_word((uint32_t)l, i);
   }
   uint64_t bad = 0;
+  double *steps = calloc((size_t)c.steps, sizeof *steps);
+  if (!steps) {
+    fprintf(stderr, "pipeline_sim: out of host memory\n");
+    return 2;
+  }
+  struct pipe_hash h; /* of the weights read back after the last step, as bench/pipeline.cu's */
+  pipe_hash_init(&h);
   for (long step = 0; step < c.steps; step++) {
+    double t0 = pipe_now_s();
     for (long j = 0; j < 2 * c.layers; j++) {
       long l = pipe_layer_at(j, c.layers);
       if (pipe_writes_at(j, c.layers)) {
         void *p[] = {&w[l], &n, &iters};
         launch(backward_k, p, s);
-        backward_layer(&model[(uint64_t)l * words], n, (int)iters);
       } else {
         void *p[] = {&w[l], &n, &passes, &iters};
         launch(forward_k, p, s);
       }
     }
     check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    steps[step] = pipe_now_s() - t0;
+    for (long j = 0; j < 2 * c.layers; j++) /* the host model, launch by launch */
+      if (pipe_writes_at(j, c.layers))
+        backward_layer(&model[(uint64_t)pipe_layer_at(j, c.layers) * words], n, (int)iters);
     for (long l = 0; l < c.layers; l++) {
       check(cudaMemcpy(host, w[l], bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
       const uint32_t *want = &model[(uint64_t)l * words];
       for (uint64_t i = 0; i < words; i++)
         bad += host[i] != want[i];
+      if (step == c.steps - 1)
+        pipe_hash_add(&h, host, bytes);
     }
   }
-  struct pipe_hash h;
-  pipe_hash_init(&h);
-  pipe_hash_add(&h, model, bytes * (size_t)c.layers); /* equal to the weights' when bad is 0 */
   for (long l = 0; l < c.layers; l++)
     check(cudaFree(w[l]), "cudaFree");
   check(cudaStreamDestroy(s), "cudaStreamDestroy");
 
   bool loaded = dlsym(RTLD_DEFAULT, "psshim_owns") != NULL;
+  char extra[64];
+  snprintf(extra, sizeof extra, "\"mismatches\": %llu", (unsigned long long)bad);
+  pipe_print_result(&c, steps, pipe_hash_end(&h), loaded, extra); /* the line bench/pipeline.py reads */
   printf("pipeline_sim: %ld steps, %ld layers x %ld MiB, %ld passes, %ld iters: checksum %016llx, mismatches %llu, "
          "psshim %s\n", c.steps, c.layers, c.layer_mib, c.passes, c.iters, (unsigned long long)pipe_hash_end(&h),
          (unsigned long long)bad, loaded ? "loaded" : "absent");
@@ -135,16 +150,17 @@ int main(int argc, char **argv)
   size_t len = stats_json ? stats_json(text, sizeof text) : 0;
   if (len > 0 && len < sizeof text) {
     unsigned long long place = stat_of(text, "touches_host"), all = place + stat_of(text, "touches_gpu");
+    char touches[96] = "not observed (static observes no launch)";
+    if (all)
+      snprintf(touches, sizeof touches, "%llu of %llu (%.1f%%)", place, all, 100.0 * (double)place / (double)all);
     printf("pipeline_sim: psshim moved %llu chunks to the GPU (%llu MiB), %llu to the host (%llu MiB); chunk "
-           "touches in place %llu of %llu (%.1f%%); period %llu, trusted at launch %llu of %llu; copy waits %llu, "
-           "late waits %llu\n",
+           "touches in place %s; period %llu, trusted at launch %llu of %llu; copy waits %llu, late waits %llu\n",
            stat_of(text, "migrations_to_gpu"), stat_of(text, "bytes_h2d") >> 20, stat_of(text, "migrations_to_host"),
-           stat_of(text, "bytes_d2h") >> 20, place, all, all ? 100.0 * (double)place / (double)all : 0.0,
-           stat_of(text, "period"), stat_of(text, "period_adopted_at"), stat_of(text, "launches"),
-           stat_of(text, "copy_waits"), stat_of(text, "late_waits"));
+           stat_of(text, "bytes_d2h") >> 20, touches, stat_of(text, "period"), stat_of(text, "period_adopted_at"),
+           stat_of(text, "launches"), stat_of(text, "copy_waits"), stat_of(text, "late_waits"));
   }
   fflush(stdout); /* before psshim's own statistics at exit, on stderr */
-  free(w), free(model), free(host);
+  free(w), free(model), free(host), free(steps);
   const char *need = getenv("PIPELINE_SIM_NEED_PSSHIM");
   if (need && atoi(need) && !loaded) {
     fprintf(stderr, "pipeline_sim: psshim is not loaded\n");
