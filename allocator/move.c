@@ -39,24 +39,31 @@ static bool ensure_copy_streams(struct device *d)
   return true;
 }
 
-/* Copies chunk's live ranges between two frames on stream s; returns the bytes, -1 on error. */
+/* Copies chunk's live ranges between two frames on stream s; returns the bytes, -1 on error.
+ * The copies are psshim's own work, never the program's moments: observed, they would reach
+ * the iteration's period (wiring.c, its lock ranked below d->lock) from under d->lock. */
 static int64_t copy_live_async(struct device *d, uint64_t chunk, uint32_t from, uint32_t to, CUstream s)
 {
   struct span *sp = d->chunks[chunk].span;
-  uint64_t lo = (chunk - sp->first_chunk) * d->chunk_size, hi = lo + d->chunk_size, at = lo, copied = 0;
-  for (uint32_t i = 0; i <= sp->nranges && at < hi; i++) {
+  uint64_t lo = (chunk - sp->first_chunk) * d->chunk_size, hi = lo + d->chunk_size, at = lo;
+  int64_t copied = 0;
+  bool own = ps_in_own_calls();
+  if (!own)
+    ps_own_work(true);
+  for (uint32_t i = 0; i <= sp->nranges && at < hi && copied >= 0; i++) {
     uint64_t free_lo = i < sp->nranges ? sp->ranges[i].off : hi;
     uint64_t live_end = free_lo < hi ? free_lo : hi;
-    if (live_end > at) {
-      if (PS_CU(ps_driver.cuMemcpyAsync(d->fr.frames[to].staging + (at - lo), d->fr.frames[from].staging + (at - lo),
-                                        live_end - at, s)))
-        return -1;
-      copied += live_end - at;
-    }
+    if (live_end > at)
+      copied = PS_CU(ps_driver.cuMemcpyAsync(d->fr.frames[to].staging + (at - lo), d->fr.frames[from].staging + (at - lo),
+                                             live_end - at, s))
+                   ? -1
+                   : copied + (int64_t)(live_end - at);
     if (i < sp->nranges && sp->ranges[i].off + sp->ranges[i].len > at)
       at = sp->ranges[i].off + sp->ranges[i].len;
   }
-  return (int64_t)copied;
+  if (!own)
+    ps_own_work(false);
+  return copied;
 }
 
 static void trace_move(uint64_t chunk, enum psa_where to, uint64_t bytes, uint64_t start_ns)

@@ -214,14 +214,9 @@ static uint32_t page_out_oldest(struct device *d)
   }
   psp_sort_farthest(oldest, n, batch);
   uint32_t moved = 0;
-  bool own = ps_in_own_calls();
-  if (!own)
-    ps_own_work(true); /* the copies out are not the program's moments */
   for (size_t k = 0; k < n && moved < batch; k++)
     if (psa_movable(d, oldest[k].chunk) && psa_move(d, oldest[k].chunk, PSA_HOST) == CUDA_SUCCESS)
       moved++;
-  if (!own)
-    ps_own_work(false);
   d->stats.room_page_outs += moved;
   return moved;
 }

@@ -20,7 +20,7 @@
 #define PERIOD_ASK_UNTRUSTED 1024 /* while no period is trusted: those steps are the slow ones */
 #define HISTORY (4 * MAX_PERIOD) /* launches whose live bytes are kept: a power of two */
 
-static pthread_mutex_t period_lock = PTHREAD_MUTEX_INITIALIZER;
+static ps_mutex period_lock = PS_MUTEX_INITIALIZER(PS_RANK_PERIOD, "the period lock");
 static psp_period *detector;
 static uint64_t fed, next_ask, next_boundary, iteration;
 static uint32_t period, candidate; /* adopted period, and the last one the detector gave */
@@ -96,7 +96,7 @@ static void say_unmanaged(const struct psa_stats *s, uint64_t used)
  * passes. Returns the moment's position in the iteration (0 at a boundary). */
 static uint64_t track_iteration(const struct ps_moment *l)
 {
-  pthread_mutex_lock(&period_lock);
+  ps_mutex_lock(&period_lock);
   psp_period_feed(detector, l->signature);
   fed++;
   if (history)
@@ -159,7 +159,7 @@ static uint64_t track_iteration(const struct ps_moment *l)
   uint64_t it = boundary ? ++iteration : iteration;
   uint32_t per = period;
   uint64_t position = per ? (fed + per - next_boundary) % per : 0; /* next_boundary is in (fed, fed + per] */
-  pthread_mutex_unlock(&period_lock);
+  ps_mutex_unlock(&period_lock);
   if (boundary) {
     struct psa_stats s;
     psa_stats_boundary(!trusted_before, &s); /* the boundary that trusted it starts anew */
@@ -277,20 +277,20 @@ void ps_wiring_end(void)
   /* At exit the CUDA runtime may already be torn down: no CUPTI calls here. */
   stop_sampling();
   pst_trace_close();
-  pthread_mutex_lock(&period_lock);
+  ps_mutex_lock(&period_lock);
   psp_period_free(detector);
   detector = NULL;
   free(history);
   history = NULL;
-  pthread_mutex_unlock(&period_lock);
+  ps_mutex_unlock(&period_lock);
 }
 
 struct psa_progress ps_wiring_progress(void)
 {
-  pthread_mutex_lock(&period_lock);
+  ps_mutex_lock(&period_lock);
   struct psa_progress p = {.launches = fed, .iterations = iteration,
                            .period = atomic_load_explicit(&adopted, memory_order_relaxed),
                            .adopted_at = adopted_at};
-  pthread_mutex_unlock(&period_lock);
+  ps_mutex_unlock(&period_lock);
   return p;
 }
