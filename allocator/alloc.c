@@ -127,14 +127,14 @@ CUresult psa_alloc(int ordinal, size_t size, CUstream stream, CUdeviceptr *p)
     psa_map_find(d, ptr)->graph = capture; /* the graph names it: its bytes are the graph's for good */
   if (!s) {
     d->stats.failed_allocs++;
-    ps_mutex_unlock(&d->lock);
     /* What would have held it: the live bytes and this one, less the GPU budget, on the host
-     * (a lower bound: chunks also hold freed gaps). */
-    uint64_t need = d->stats.live_bytes + asize, gpu = d->stats.gpu_budget;
+     * (a lower bound: chunks also hold freed gaps); read under the lock. */
+    uint64_t live = d->stats.live_bytes, need = live + asize, gpu = d->stats.gpu_budget, host = d->stats.host_budget;
+    ps_mutex_unlock(&d->lock);
     ps_error("out of memory on device %d: %zu bytes asked; GPU budget (%llu MiB) and host budget (%llu MiB) are "
              "both in use, %llu MiB live: PSSHIM_HOST_BUDGET of at least %lluM would hold it",
-             ordinal, size, (unsigned long long)(gpu >> 20), (unsigned long long)(d->stats.host_budget >> 20),
-             (unsigned long long)(d->stats.live_bytes >> 20),
+             ordinal, size, (unsigned long long)(gpu >> 20), (unsigned long long)(host >> 20),
+             (unsigned long long)(live >> 20),
              (unsigned long long)(((need > gpu ? need - gpu : 0) + d->chunk_size - 1) / d->chunk_size * d->chunk_size >> 20));
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
@@ -224,6 +224,7 @@ CUresult psa_free(CUdeviceptr p, CUstream stream, bool sync)
   d->stats.frees++;
   d->stats.live_bytes -= size;
   psa_frames_check(d);
+  psa_marks_check(d);
   atomic_fetch_sub_explicit(&live_all, size, memory_order_relaxed);
   ps_mutex_unlock(&d->lock);
   if (pst_trace_enabled()) {

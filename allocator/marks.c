@@ -33,6 +33,32 @@ void psa_mark_put(struct device *d, struct psa_mark *m)
   d->marks.free = m;
 }
 
+#ifdef PS_CHECKS
+void psa_marks_check(struct device *d)
+{
+  for (const struct psa_mark *m = d->marks.free; m; m = m->next_free)
+    if (m->refs)
+      ps_check_failed("a mark on the free list still has %u references", m->refs);
+  for (uint64_t i = 0; i < d->space.chunks_high; i++) {
+    const struct chunk *c = &d->chunks[i];
+    if (c->nusers > PSA_USER_MARKS)
+      ps_check_failed("chunk %llu keeps %u marks, more than %d", (unsigned long long)i, c->nusers, PSA_USER_MARKS);
+    for (uint32_t k = 0; k < c->nusers; k++) {
+      if (!c->users[k] || !c->users[k]->refs)
+        ps_check_failed("chunk %llu keeps a mark that was let go", (unsigned long long)i);
+      for (uint32_t j = 0; j < k; j++)
+        if (c->users[j]->stream == c->users[k]->stream && c->users[k]->stream != CU_STREAM_PER_THREAD)
+          ps_check_failed("chunk %llu keeps two marks of one stream", (unsigned long long)i);
+    }
+    if (c->copy && !c->copy->refs)
+      ps_check_failed("chunk %llu keeps a copy mark that was let go", (unsigned long long)i);
+  }
+  for (uint32_t k = 0; k < d->marks.ncopying; k++)
+    if (!d->chunks[d->marks.copying[k]].copy)
+      ps_check_failed("chunk %llu is listed as copying with no copy mark", (unsigned long long)d->marks.copying[k]);
+}
+#endif
+
 bool psa_mark_passed(struct device *d, struct psa_mark *m, bool sync)
 {
   if (m->done)

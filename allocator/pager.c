@@ -348,7 +348,7 @@ uint64_t psa_plan_every(void)
  * here, that cut the plans to a third and their time by half, moving as much. Backing off
  * further, to period/16, cut the plans' time where everything fits (where nothing moves),
  * but the test driver's random programs then fetched about half as
- * many chunks (4-18 a run against 8-28; tests/gpu/variants/plan_gap_sixteenth.patch).
+ * many chunks (4-18 a run against 8-28).
  * Frames left behind by moves are freed as often as plans were. */
 static void poll_and_plan(struct device *d, uint64_t seq, uint64_t period)
 {

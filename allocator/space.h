@@ -32,15 +32,20 @@
  * a span's free ranges (spans.c: sorted, disjoint, none empty, none mergeable with the
  * next, inside the span, with its live bytes never more than the span); the frames
  * (frames.c: no frame under two chunks nor both mapped and free, every frame made either
- * held or free, the held ones within the budgets). */
+ * held or free, the held ones within the budgets); the marks (marks.c: none kept after it
+ * was let go, none let go while kept, at most one per stream on a chunk (the per-thread
+ * stream aside: each thread's is its own), every chunk listed
+ * as copying with its copy's mark). */
 #ifdef PS_CHECKS
 struct span;
 struct device;
 void psa_span_check(const struct device *d, const struct span *s);
 void psa_frames_check(struct device *d);
+void psa_marks_check(struct device *d);
 #else
 #define psa_span_check(d, s) ((void)0)
 #define psa_frames_check(d) ((void)0)
+#define psa_marks_check(d) ((void)0)
 #endif
 
 /* Physical memory of one chunk's size, with a fixed second mapping (staging) through
