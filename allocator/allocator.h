@@ -80,8 +80,9 @@ void psa_capture_ended(void);
  * (enter/exit) so no migration races it, and with PSSHIM_POLICY=auto or plan decides what
  * to move. period: the training iteration's length in moments once known and trusted, else
  * 0 (then nothing is planned); position: the moment's place in the iteration (0 at its
- * boundary, below period; an exit's is its enter's). */
-void psa_on_moment(const struct ps_moment *m, bool enter, uint64_t period, uint64_t position);
+ * boundary, below period; an exit's is its enter's); moment: its place among every moment
+ * observed (consecutive moments, consecutive positions). */
+void psa_on_moment(const struct ps_moment *m, bool enter, uint64_t period, uint64_t position, uint64_t moment);
 /* An iteration boundary of `period` moments has passed (every rank of the node meets it
  * at the same launch when they run the same program). Under torchrun the node's ranks
  * meet for it at the next allocation or free (allocator/rounds.c): at the first they
@@ -134,10 +135,13 @@ void psa_usage_reset_high(int ordinal, bool reserved, bool used);
  *   apart), shared now, this rank's pieces of them (host bytes), and the host bytes it does
  *   not hold thanks to them (now, and at most);
  * - PSSHIM_POLICY=plan (allocator/plan_exec.c): plans made and the time making them took;
- *   the plan's moves issued when due, issued later but before the moment that needs them,
- *   dropped (that moment came first, or the chunk holds other data now), and found done
- *   already; the bytes the plan copies in and out per iteration (predicted, latest plan);
- *   iterations followed, and the bytes the plan's moves copied in and out over them. */
+ *   the bytes the plan copies in and out per iteration (predicted, latest plan); iterations
+ *   its owner followed, and the bytes the owner's moves copied in and out over them;
+ * - the plan's owner (allocator/owner.c): devices with one; its fetches and evictions made,
+ *   fetches it could not make (no frame, or a chunk it could not quiet: read in place),
+ *   fetches found done, victims it chose where the plan's were gone (an allocation took
+ *   the frame the plan freed); its waits for launches and the GPU; the launching threads' waits
+ *   for their moments, and the waits that gave up. */
 #define PSA_STATS_FIELDS(X)                                                                   \
   X(allocs, SUM) X(frees, SUM) X(failed_allocs, SUM) X(live_bytes, SUM) X(peak_live_bytes, SUM) \
   X(chunk_size, SAME) X(gpu_budget, SUM) X(host_budget, SUM)                                  \
@@ -159,9 +163,11 @@ void psa_usage_reset_high(int ordinal, bool reserved, bool used);
   X(shared_pageins, SUM) X(shared_clean_leaves, SUM) X(shared_gathers, SUM)                   \
   X(gathered_bytes, SUM) X(gather_ns, SUM) X(comm_init_ns, SUM) X(shared_chunks, SUM)         \
   X(shared_host_bytes, SUM) X(shard_saved_bytes, SUM) X(peak_shard_saved_bytes, SUM)         \
-  X(plan_builds, SUM) X(plan_build_ns, SUM) X(plan_on_time, SUM) X(plan_late, SUM)            \
-  X(plan_dropped, SUM) X(plan_moot, SUM) X(plan_bytes_in, SUM) X(plan_bytes_out, SUM)         \
-  X(plan_laps, SUM) X(plan_moved_in, SUM) X(plan_moved_out, SUM)
+  X(plan_builds, SUM) X(plan_build_ns, SUM) X(plan_bytes_in, SUM) X(plan_bytes_out, SUM)      \
+  X(plan_laps, SUM) X(plan_moved_in, SUM) X(plan_moved_out, SUM)                            \
+  X(owners, SUM) X(owner_fetches, SUM) X(owner_evictions, SUM) X(owner_missed, SUM)           \
+  X(owner_moot, SUM) X(owner_unplanned_victims, SUM) X(owner_wait_ns, SUM) X(gate_wait_ns, SUM)   \
+  X(gate_timeouts, SUM)
 
 struct psa_stats {
 #define PSA_STATS_FIELD(name, how) uint64_t name;
@@ -190,7 +196,7 @@ struct psa_progress {
   X(launch_ns) X(plan_ns) X(remap_ns) X(bytes_h2d) X(bytes_d2h) X(migrations_to_gpu)          \
   X(migrations_to_host) X(late_waits) X(late_wait_ns) X(touches_host) X(runahead_wait_ns)     \
   X(move_ns) X(scan_ns) X(frame_make_ns) X(plans) X(reclaims) X(reclaim_ns) X(room_ns)        \
-  X(room_wait_ns)
+  X(room_wait_ns) X(touches_gpu) X(owner_fetches) X(owner_missed) X(owner_wait_ns) X(gate_wait_ns)
 void psa_stats_boundary(bool first, struct psa_stats *now);
 /* PSSHIM_STATS output: text (json=false) or one JSON object. */
 void psa_stats_write(FILE *f, bool json, const struct psa_progress *p);

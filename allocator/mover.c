@@ -28,15 +28,17 @@ static bool pager_setup(struct device *d)
   if (!psa_moves_setup(d) || !(d->pager = calloc(1, sizeof *d->pager)))
     return false;
   d->pager->cands = calloc(2 * d->nchunks, sizeof *d->pager->cands); /* fetches, then victims */
-  if (ps_options.policy != PS_POLICY_STATIC)
+  /* Under plan the owner bounds the host's run-ahead (owner.c): no hold. */
+  if (ps_options.policy == PS_POLICY_AUTO)
     d->pager->recent = calloc(psa_hold_slots(ps_options.runahead), sizeof *d->pager->recent);
   ps_mutex_init(&d->pager->mover.mutex, PS_RANK_MOVER, "a device's mover wake-up lock");
   pthread_cond_init(&d->pager->mover.wake, NULL);
-  return d->pager->cands && (ps_options.policy == PS_POLICY_STATIC || d->pager->recent);
+  return d->pager->cands && (ps_options.policy != PS_POLICY_AUTO || d->pager->recent);
 }
 
 void psa_paging_wire(void)
 {
+  psa_owners_setup();
   psa_space_hooks.setup = pager_setup;
   psa_space_hooks.gpu_room = psa_room_frame;
 }
@@ -417,7 +419,20 @@ static void mover_wake(struct device *d, uint64_t seq, uint64_t period, uint64_t
   }
 }
 
-void psa_on_moment(const struct ps_moment *l, bool enter, uint64_t period, uint64_t position)
+/* The devices whose plan is made tell their owner the moment it starts at (plan_exec.c). */
+static void start_owners(uint64_t period, uint64_t position, uint64_t moment)
+{
+  for (int i = 0; i < PSA_MAX_DEVICES; i++) {
+    struct device *d = &psa_devices[i];
+    if (!d->ready || !atomic_load(&d->pager->owner_due))
+      continue;
+    ps_mutex_lock(&d->lock);
+    psa_plan_own(d, period, position, moment);
+    ps_mutex_unlock(&d->lock);
+  }
+}
+
+void psa_on_moment(const struct ps_moment *l, bool enter, uint64_t period, uint64_t position, uint64_t moment)
 {
   uint64_t start = psa_now_ns(), held_back = 0;
   struct psa_relaxed relaxed PSA_RELAXED_SCOPE = psa_relax(psa_capture_underway());
@@ -431,9 +446,16 @@ void psa_on_moment(const struct ps_moment *l, bool enter, uint64_t period, uint6
   }
   if (tls_unbracketed)
     return;
+  bool planned = ps_options.policy == PS_POLICY_PLAN && period;
+  if (enter && planned)
+    psa_owner_gate(moment); /* what the plan fetches for it is on the GPU first (owner.c) */
   struct visit v = {.l = l, .period = period, .position = position};
   if (l->nptrs)
     for_each_span(&v, enter ? enter_span : exit_span);
+  if (!enter && planned) {
+    psa_owner_exited(moment);
+    start_owners(period, position, moment);
+  }
   /* Flow control: the host stays at most PSSHIM_RUNAHEAD launches ahead of the GPU, so a
    * chunk is quiescent soon after its last use and can move before its next one. */
   if (v.ahead)

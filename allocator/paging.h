@@ -30,6 +30,7 @@ struct psa_pager {
   uint64_t next_plan, plan_gap; /* plans back off while they move nothing */
   uint64_t period;          /* the trusted period as of the latest turn (0: none) */
   psp_cand *cands; /* scratch for the plans, two per chunk */
+  _Atomic bool owner_due; /* a plan is made and its owner not yet started (plan_exec.c) */
   /* The mover (mover.c, PSSHIM_MOVER): the thread that plans and makes the moves, woken
    * by launches. Its own mutex, never held with d->lock, so a launch that wakes it never
    * waits for a plan. */
@@ -83,5 +84,21 @@ void psa_pager_turn(struct device *d, uint64_t seq, uint64_t period, uint64_t po
  * psa_plan_follow drops d->lock (its moves do). */
 void psa_plan_note(struct device *d, uint64_t chunk, uint64_t period, uint64_t position);
 bool psa_plan_follow(struct device *d, uint64_t period, uint64_t position);
+
+/* owner.c: the plan's owner thread, one per device (see owner.c). psa_owner_follow starts
+ * it (or gives it a new plan) at absolute moment `first`, a moment's position in the
+ * iteration being (moment - base) % period; psa_owner_stop ends its following; both under
+ * d->lock. The schedule, plan and fixes stay the caller's, read under d->lock, until a stop. */
+void psa_owners_setup(void);
+void psa_owner_follow(struct device *d, const psp_schedule *sched, const psp_plan *plan, const psp_move *fixes,
+                      size_t nfix, uint64_t first, uint64_t base, uint64_t period);
+void psa_owner_stop(struct device *d);
+/* A launch at an absolute moment: before it enters, it waits (holding no lock) until every
+ * following owner has published the moment; as it exits, it tells them. */
+void psa_owner_gate(uint64_t moment);
+void psa_owner_exited(uint64_t moment);
+/* plan_exec.c: a plan made waits for a launch to tell the moment its owner starts at
+ * (called with d->lock held, at a launch's exit, while the device's pager->owner_due). */
+void psa_plan_own(struct device *d, uint64_t period, uint64_t position, uint64_t moment);
 
 #endif

@@ -5,13 +5,11 @@
  * schedule: for each moment (by its position in the iteration, which the wiring gives) the
  * chunks it touched, and when its first touch came. When it ends the plan is made, once
  * per period (again only for another period), for the GPU frames less those held by chunks
- * the iteration never touches. From the next moment on, each move is queued when its
- * moment comes and issued through the pager's own moves (psa_move, psa_swap_in), so under
- * its quiescence rule; one whose chunk is not movable yet stays queued, retried every few
- * launches until the moment that needs it has begun (then dropped). Chunks the plan never
- * moves are put where it keeps them at each iteration's start. Correctness never depends
- * on any of it: a chunk left in a host frame is read in place. Until the plan is made,
- * auto decides.
+ * the iteration never touches, at lag 0. The next launch to exit starts the device's owner
+ * (owner.c) on it: the owner makes each moment's moves before the moment's launch may go,
+ * and puts the chunks the plan never moves where it keeps them at each iteration's start.
+ * Correctness never depends on any of it: a chunk left in a host frame is read in place.
+ * Until the plan is made, auto decides.
  *
  * A chunk holds nothing live (psp_schedule_empty) between two touches only where its span
  * was made anew between them; a span reused in place for new data is not seen, so freed
@@ -19,6 +17,7 @@
  * an upper bound of what moves copy (only live ranges are copied). */
 #include "allocator/paging.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,13 +36,6 @@ struct seen {
   uint32_t first_touch, last_touch;
 };
 
-/* A move whose moment has come. */
-struct due {
-  const psp_move *m; /* NULL once settled */
-  uint64_t need;     /* the absolute moment that uses the chunk next: too late from then on */
-  bool retried;      /* a tick could not issue it when it came due */
-};
-
 struct plan_exec {
   uint64_t period;
   enum phase phase;
@@ -56,22 +48,21 @@ struct plan_exec {
   struct seen *seen; /* by chunk */
   psp_plan plan;
   psp_move *fixes;   /* the chunks the plan never moves, where it keeps them */
-  size_t nfix, next; /* next: the first move of plan.moves not queued in this lap */
-  uint64_t cursor;   /* the absolute moment whose moves are queued next */
-  struct due *queue;
-  size_t nqueue, cap;
+  size_t nfix;
 };
 
 static struct plan_exec execs[PSA_MAX_DEVICES]; /* by ordinal, under the device's lock */
 
-static void forget(struct plan_exec *st)
+static void forget(struct device *d, struct plan_exec *st)
 {
+  if (st->phase == FOLLOWING)
+    psa_owner_stop(d); /* before the plan it reads is freed */
+  atomic_store(&d->pager->owner_due, false);
   psp_schedule_free(st->sched);
   psp_plan_free(&st->plan);
   free(st->begun);
   free(st->seen);
   free(st->fixes);
-  free(st->queue);
   memset(st, 0, sizeof *st);
 }
 
@@ -195,15 +186,11 @@ static void make_plan(struct device *d, struct plan_exec *st)
     for (uint64_t i = 0; i < d->space.chunks_high; i++)
       if (on_gpu(d, i) && (i >= n || !psp_schedule_chunk_bytes(st->sched, (uint32_t)i)) && frames)
         frames--;
-    /* A chunk is quiescent only once the launches that used it have run, and the host may
-     * be PSSHIM_RUNAHEAD launches ahead: a plan that moves sooner finds its moves refused. */
+    /* Lag 0: the owner waits for the GPU to pass a victim's last use itself (owner.c). */
     psp_costs costs = {.h2d = PSP_PCIE_H2D, .d2h = PSP_PCIE_D2H, .both = PSP_PCIE_BOTH,
                        .in_place = (double)ps_options.inplace_rate,
-                       .moment_ns = ns, .default_ns = DEFAULT_MOMENT_NS, .lag = ps_options.runahead};
+                       .moment_ns = ns, .default_ns = DEFAULT_MOMENT_NS, .lag = 0};
     ok = psp_plan_make(st->sched, frames * d->chunk_size, &costs, &st->plan) == 0 && keep_fixes(d, st);
-    size_t cap = 2 * (st->plan.n_moves + st->nfix) + 16; /* a move stays queued less than a lap */
-    ok = ok && (st->queue = malloc(cap * sizeof *st->queue));
-    st->cap = cap;
   }
   free(ns);
   d->stats.plan_builds++;
@@ -217,13 +204,7 @@ static void make_plan(struct device *d, struct plan_exec *st)
   d->stats.plan_bytes_in = st->plan.bytes_in;
   d->stats.plan_bytes_out = st->plan.bytes_out;
   st->phase = FOLLOWING;
-  st->cursor = st->now + 1;
-  st->next = st->plan.n_moves;
-  for (size_t i = 0; i < st->plan.n_moves; i++)
-    if (st->plan.moves[i].at >= st->cursor % P) {
-      st->next = i;
-      break;
-    }
+  atomic_store(&d->pager->owner_due, true); /* the next launch to exit starts the owner */
 }
 
 /* The plan's state for the device at this period; NULL when there is none to keep. */
@@ -233,7 +214,7 @@ static struct plan_exec *state(struct device *d, uint64_t period, uint64_t posit
   if (!period)
     return NULL; /* distrusted for now: a plan made for the period stays */
   if (period != st->period) {
-    forget(st);
+    forget(d, st);
     st->period = period;
   }
   advance(st, position);
@@ -269,129 +250,18 @@ void psa_plan_note(struct device *d, uint64_t chunk, uint64_t period, uint64_t p
   *w = (struct seen){s->first_chunk, s->nchunks, s, w->n ? w->first_touch : (uint32_t)position, (uint32_t)position};
 }
 
-static void enqueue(struct device *d, struct plan_exec *st, const psp_move *m, uint64_t due)
-{
-  uint64_t P = st->period, need = due + (m->need + P - m->at) % P;
-  if (m->dir == PSP_TO_HOST) /* needed back at the chunk's next use */
-    need = psp_next_use(st->sched, m->chunk, due - 1);
-  if (st->nqueue == st->cap) {
-    d->stats.plan_dropped++;
-    return;
-  }
-  st->queue[st->nqueue++] = (struct due){.m = m, .need = need};
-}
-
-/* Queues the moves of the moments up to `upto` (absolute). Laps the host ran past unseen
- * are skipped: their moves' moments have passed. */
-static void queue_due(struct device *d, struct plan_exec *st, uint64_t upto)
-{
-  uint64_t P = st->period;
-  if (upto >= st->cursor + P)
-    st->cursor = upto - upto % P, st->next = 0;
-  for (; st->cursor <= upto; st->cursor++) {
-    uint64_t at = st->cursor % P;
-    if (at == 0) {
-      st->next = 0;
-      d->stats.plan_laps++;
-      for (size_t i = 0; i < st->nfix; i++)
-        enqueue(d, st, &st->fixes[i], st->cursor);
-    }
-    for (; st->next < st->plan.n_moves && st->plan.moves[st->next].at == at; st->next++)
-      enqueue(d, st, &st->plan.moves[st->next], st->cursor);
-  }
-}
-
-/* Whether the queued move needs nothing more (counted): the moment that uses its chunk has
- * begun, or the chunk's span lies elsewhere than recorded (dropped); or it is where the
- * move would put it, or holds nothing (an allocation there takes a frame itself). */
-static bool settled(struct device *d, struct plan_exec *st, struct due *e)
-{
-  if (!e->m)
-    return true;
-  uint32_t c = e->m->chunk;
-  const struct span *s = d->chunks[c].span;
-  bool fetch = e->m->dir == PSP_TO_GPU;
-  if (st->now >= e->need || (s && (st->seen[c].first != s->first_chunk || st->seen[c].n != s->nchunks)))
-    d->stats.plan_dropped++;
-  else if (!s && fetch && e->m->bytes)
-    return false; /* its allocation is still to come: it may land in a host frame */
-  else if (!s || on_gpu(d, c) == fetch)
-    d->stats.plan_moot++;
-  else
-    return false;
-  e->m = NULL;
-  return true;
-}
-
-static void issued(struct device *d, struct due *e)
-{
-  if (e->retried)
-    d->stats.plan_late++;
-  else
-    d->stats.plan_on_time++;
-  e->m = NULL;
-}
-
-/* A due eviction that can go now, for a fetch without a free GPU frame; NULL if none. */
-static struct due *victim(struct device *d, struct plan_exec *st)
-{
-  for (size_t i = 0; i < st->nqueue; i++) {
-    struct due *e = &st->queue[i];
-    if (e->m && e->m->dir == PSP_TO_HOST && !settled(d, st, e) && psa_movable(d, e->m->chunk))
-      return e;
-  }
-  return NULL;
-}
-
-/* Issues what is due, in order: fetches first (one without a free GPU frame swaps with a
- * due eviction), then the other evictions. */
-static void issue(struct device *d, struct plan_exec *st)
-{
-  uint64_t in = d->stats.bytes_h2d, out = d->stats.bytes_d2h;
-  for (size_t i = 0; i < st->nqueue; i++) {
-    struct due *e = &st->queue[i], *v;
-    if (settled(d, st, e) || e->m->dir != PSP_TO_GPU)
-      continue;
-    uint32_t c = e->m->chunk;
-    bool done = false;
-    if (psa_movable(d, c)) {
-      if (psa_gpu_frame_available(d)) {
-        done = psa_move(d, c, PSA_GPU) == CUDA_SUCCESS;
-      } else if ((v = victim(d, st)) && psa_swap_in(d, c, v->m->chunk)) {
-        issued(d, v);
-        done = true;
-      }
-    }
-    if (done)
-      issued(d, e);
-    else
-      e->retried = true;
-  }
-  for (size_t i = 0; i < st->nqueue; i++) {
-    struct due *e = &st->queue[i];
-    if (settled(d, st, e))
-      continue;
-    if (psa_movable(d, e->m->chunk) && psa_move(d, e->m->chunk, PSA_HOST) == CUDA_SUCCESS)
-      issued(d, e);
-    else
-      e->retried = true;
-  }
-  size_t kept = 0;
-  for (size_t i = 0; i < st->nqueue; i++)
-    if (st->queue[i].m)
-      st->queue[kept++] = st->queue[i];
-  st->nqueue = kept;
-  d->stats.plan_moved_in += d->stats.bytes_h2d - in;
-  d->stats.plan_moved_out += d->stats.bytes_d2h - out;
-}
-
 bool psa_plan_follow(struct device *d, uint64_t period, uint64_t position)
 {
   PSA_HELD(d);
   struct plan_exec *st = state(d, period, position);
-  if (!st || st->phase != FOLLOWING)
-    return false;
-  queue_due(d, st, st->now + 1); /* a move at `at` is issued before moment `at` runs */
-  issue(d, st);
-  return true;
+  return st && st->phase == FOLLOWING; /* the owner moves (owner.c) */
+}
+
+void psa_plan_own(struct device *d, uint64_t period, uint64_t position, uint64_t moment)
+{
+  PSA_HELD(d);
+  struct plan_exec *st = &execs[d->ordinal];
+  if (!atomic_exchange(&d->pager->owner_due, false) || st->phase != FOLLOWING || period != st->period)
+    return;
+  psa_owner_follow(d, st->sched, &st->plan, st->fixes, st->nfix, moment + 1, moment - position, period);
 }

@@ -165,10 +165,12 @@ void psa_stats_write(FILE *f, bool json, const struct psa_progress *p)
             "making the communicator)\n", (unsigned long long)s.shared_gathers, mib(s.gathered_bytes),
             s.gather_ns ? (double)s.gathered_bytes / (double)s.gather_ns : 0.0, (double)s.comm_init_ns / 1e6);
   if (s.plan_builds)
-    fprintf(f, "psshim: plan: %llu made in %.1f ms, %.1f MiB in and %.1f MiB out per iteration; moves on time %llu, "
-            "late %llu, dropped %llu, done already %llu; over %llu iterations moved %.1f MiB in, %.1f MiB out\n",
+    fprintf(f, "psshim: plan: %llu made in %.1f ms, %.1f MiB in and %.1f MiB out per iteration; its owner fetched %llu, "
+            "evicted %llu, missed %llu, found done %llu; over %llu iterations moved %.1f MiB in, %.1f MiB out; waited "
+            "%.1f ms, launches %.1f ms (%llu gave up)\n",
             (unsigned long long)s.plan_builds, (double)s.plan_build_ns / 1e6, mib(s.plan_bytes_in),
-            mib(s.plan_bytes_out), (unsigned long long)s.plan_on_time, (unsigned long long)s.plan_late,
-            (unsigned long long)s.plan_dropped, (unsigned long long)s.plan_moot, (unsigned long long)s.plan_laps,
-            mib(s.plan_moved_in), mib(s.plan_moved_out));
+            mib(s.plan_bytes_out), (unsigned long long)s.owner_fetches, (unsigned long long)s.owner_evictions,
+            (unsigned long long)s.owner_missed, (unsigned long long)s.owner_moot, (unsigned long long)s.plan_laps,
+            mib(s.plan_moved_in), mib(s.plan_moved_out), (double)s.owner_wait_ns / 1e6, (double)s.gate_wait_ns / 1e6,
+            (unsigned long long)s.gate_timeouts);
 }

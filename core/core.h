@@ -37,7 +37,8 @@ enum ps_lock_rank {
   PS_RANK_SETUP,         /* allocator/space.c: devices being set up */
   PS_RANK_MOVER,         /* allocator's mover wake-ups: never held with a device's lock */
   PS_RANK_DEVICE,        /* allocator's device locks: PS_RANK_DEVICE + ordinal */
-  PS_RANK_IMPORTS = PS_RANK_DEVICE + 64, /* allocator/ipc.c: handles opened from other processes */
+  PS_RANK_OWNER = PS_RANK_DEVICE + 64, /* allocator/owner.c: a device's owner and its launches */
+  PS_RANK_IMPORTS,       /* allocator/ipc.c: handles opened from other processes */
   PS_RANK_STEADY,        /* allocator/stats.c: steady-state statistics */
   PS_RANK_NODE_HOST,     /* comm/: the node's pinned host memory, shared among processes */
   PS_RANK_CUPTI_GUEST,   /* tracer/cupti_guest.c */

@@ -93,12 +93,13 @@ static void say_unmanaged(const struct psa_stats *s, uint64_t used)
 }
 
 /* Iteration boundaries from the period detector, once trusted: an ITERATION record as each
- * passes. Returns the moment's position in the iteration (0 at a boundary). */
-static uint64_t track_iteration(const struct ps_moment *l)
+ * passes. Returns the moment's position in the iteration (0 at a boundary), and in *moment
+ * its place among all moments fed (positions follow it: one moment, one position). */
+static uint64_t track_iteration(const struct ps_moment *l, uint64_t *moment)
 {
   ps_mutex_lock(&period_lock);
   psp_period_feed(detector, l->signature);
-  fed++;
+  *moment = fed++;
   if (history)
     psa_live_now(&history[fed & (HISTORY - 1)].live, &history[fed & (HISTORY - 1)].allocs);
   if (fed >= next_ask) {
@@ -178,11 +179,11 @@ static uint64_t track_iteration(const struct ps_moment *l)
 static void on_moment(const struct ps_moment *l, bool enter, void *user)
 {
   (void)user;
-  static PS_THREAD_LOCAL uint64_t position; /* of this thread's latest enter: its exit's too */
+  static PS_THREAD_LOCAL uint64_t position, moment; /* of this thread's latest enter: its exit's too */
   if (enter && detector)
-    position = track_iteration(l);
+    position = track_iteration(l, &moment);
   if (ps_options.policy != PS_POLICY_STATIC)
-    psa_on_moment(l, enter, atomic_load_explicit(&adopted, memory_order_relaxed), position);
+    psa_on_moment(l, enter, atomic_load_explicit(&adopted, memory_order_relaxed), position, moment);
 }
 
 static bool claims(uint64_t value) { return psa_owns((CUdeviceptr)value); }

@@ -9,7 +9,8 @@
  * loaded) and, under psshim, what psshim_stats_json says it did: moves each way and chunk
  * touches served in place, from which the GPU runs' counts can be predicted.
  * Settings as bench/pipeline.cu's (environment or KEY=VALUE arguments); defaults here
- * L=16 S_MB=4 PASSES=4 ITERS=2 STEPS=30. PIPELINE_SIM_NEED_PSSHIM=1: fail when psshim is
+ * L=16 S_MB=4 PASSES=4 ITERS=2 STEPS=30. PIPELINE_SIM_MAX_STEADY_INPLACE: see main's end.
+ * PIPELINE_SIM_NEED_PSSHIM=1: fail when psshim is
  * not loaded. Exit 1 on a mismatch. */
 #define SIM_NAME "pipeline_sim"
 #include "tests/integration/sim.h"
@@ -159,6 +160,14 @@ int main(int argc, char **argv)
            stat_of(text, "bytes_d2h") >> 20, touches, stat_of(text, "period"), stat_of(text, "period_adopted_at"),
            stat_of(text, "launches"), stat_of(text, "copy_waits"), stat_of(text, "late_waits"));
   }
+  /* PIPELINE_SIM_MAX_STEADY_INPLACE=N: fail when the steady iterations touched more than N
+   * chunks in place (a plan the owner follows brings every chunk in before its launch). */
+  const char *most = getenv("PIPELINE_SIM_MAX_STEADY_INPLACE");
+  unsigned long long steady_place = len > 0 && len < sizeof text ? stat_of(text, "steady_touches_host") : 0;
+  bool too_many = most && (len == 0 || len >= sizeof text || steady_place > strtoull(most, NULL, 10) ||
+                           !stat_of(text, "steady_touches_gpu"));
+  if (most)
+    printf("pipeline_sim: steady iterations touched %llu chunks in place (at most %s allowed)\n", steady_place, most);
   fflush(stdout); /* before psshim's own statistics at exit, on stderr */
   free(w), free(model), free(host), free(steps);
   const char *need = getenv("PIPELINE_SIM_NEED_PSSHIM");
@@ -166,5 +175,5 @@ int main(int argc, char **argv)
     fprintf(stderr, "pipeline_sim: psshim is not loaded\n");
     return 1;
   }
-  return bad ? 1 : 0;
+  return bad || too_many ? 1 : 0;
 }

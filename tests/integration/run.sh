@@ -112,20 +112,22 @@ PY
   ;;
 train_plan)
   # PSSHIM_POLICY=plan: the pager records one iteration once the period is trusted, makes
-  # policy/'s plan for it, and issues the plan's moves from then on, under the same
+  # policy/'s plan for it (lag 0), and the device's owner thread runs its moves ahead of the
+  # launches, each launch waiting for its moment (allocator/owner.c), under the same
   # quiescence rule as auto (the strict test driver aborts on a remap under queued work).
-  # Values must equal the native run's, with and without slow copies and kernels; one plan
-  # must be made and followed, its moves issued, some on time; and without delays what its
-  # moves copied per iteration must lie between 30% of what the plan predicts and the
-  # prediction (an upper bound: it counts every touch a write; here 42-85% of it moved,
-  # the rest dropped as late or found done): moves issued half an iteration off fall below
-  # it. The plan moves a chunk only PSSHIM_RUNAHEAD (4) launches after its last use: at 8M
-  # (four frames, two chunks a launch) every frame holds a chunk used within the last four
-  # launches, so it plans no move. Then shard_sim alone (one rank): buffers of odd sizes,
-  # cold ones among them, bytes intact, a plan made and followed.
+  # Values must equal the native run's, with and without slow copies, events, kernels and
+  # remaps; one plan must be made and followed for most of the run by its owner, with no
+  # launch giving up its wait; and without delays the owner must miss no fetch and copy
+  # what the plan predicts (the plan's bytes are an upper bound: it counts every touch a
+  # write, and moves copy only live ranges). At 8M (four frames, two chunks a launch) too.
+  # (The steady iterations' in-place touches are printed, not yet held to a bound: the
+  # activations an iteration allocates still land in host frames at times; the layer
+  # pipeline, integration pipeline plan, has none.) Then shard_sim alone (one
+  # rank): buffers of odd sizes, cold ones among them, bytes intact, a plan made and
+  # followed.
   native=$("$prog" 40 8 4) || fail "native run: $native"
   echo "native:      $native"
-  plan_env=(PSSHIM_POLICY=plan PSSHIM_RUNAHEAD=4 PSSHIM_INPLACE_RATE=1M PSSHIM_CUPTI="$FAKE_CUPTI" PSSHIM_HOST_BUDGET=256M)
+  plan_env=(PSSHIM_POLICY=plan PSSHIM_CUPTI="$FAKE_CUPTI" PSSHIM_HOST_BUDGET=256M)
   for delays in "0 0 0 0" "300 200 50 400"; do
     read -r copy_us event_us kernel_us remap_us <<<"$delays"
     for budget in 48M 24M 8M; do
@@ -142,36 +144,33 @@ laps = s["plan_laps"]
 moved_in, moved_out = s["plan_moved_in"] / max(laps, 1), s["plan_moved_out"] / max(laps, 1)
 print(f"  plan: {s['plan_builds']} made in {s['plan_build_ns'] / 1e6:.2f} ms, predicted {s['plan_bytes_in'] >> 20} MiB in, "
       f"{s['plan_bytes_out'] >> 20} MiB out per iteration; moved {moved_in / 2**20:.1f} in, {moved_out / 2**20:.1f} out "
-      f"per iteration over {laps}; moves on time {s['plan_on_time']}, late {s['plan_late']}, dropped "
-      f"{s['plan_dropped']}, done already {s['plan_moot']}")
+      f"per iteration over {laps}; owner fetched {s['owner_fetches']}, missed {s['owner_missed']}, found done "
+      f"{s['owner_moot']}; steady in-place touches {s['steady_touches_host']} of "
+      f"{s['steady_touches_host'] + s['steady_touches_gpu']}")
 assert s["plan_builds"] == 1, "not one plan for the one period"
-assert laps >= 10, "the plan was followed for fewer than 10 iterations"
-if budget == "8M":
-    assert s["plan_bytes_in"] == 0, "a move planned where no frame is ever quiet within the lag"
-else:
-    assert s["plan_on_time"] + s["plan_late"] > 0 and s["plan_bytes_in"] > 0, "no planned move was issued"
+assert s["owners"] == 1 and laps >= 10, "the plan's owner followed it for fewer than 10 iterations"
+assert s["plan_bytes_in"] > 0 and s["owner_fetches"] > 0, "no planned move was made"
+assert s["gate_timeouts"] == 0, "a launch gave up waiting for its moment"
 assert s["peak_gpu_bytes"] <= s["gpu_budget"], "GPU budget exceeded"
-if delays == "0 0 0 0" and budget != "8M":
+if delays == "0 0 0 0":
+    assert s["owner_missed"] == 0, "the owner missed a fetch"
     for moved, planned in ((moved_in, s["plan_bytes_in"]), (moved_out, s["plan_bytes_out"])):
         assert 0.3 * planned <= moved <= planned, f"moved {moved:.0f} bytes per iteration, the plan {planned}"
-open(sys.argv[1] + ".on_time", "a").write(f"{s['plan_on_time']}\n")
 PY
     done
   done
-  awk '$1 > 0 {n++} END {exit !n}' "$tmp/s.json.on_time" || fail "no planned move was ever issued on time"
   for seed in 2 4; do # seeds whose plans copy (in others everything the steps touch fits)
     native=$("$SHARD_SIM" $seed 100) || fail "shard_sim $seed native: $native"
-    # Two 4 MiB frames: a plan moves something only where chunks quiet right after a use.
-    out=$(under_psshim "${plan_env[@]}" PSSHIM_RUNAHEAD=1 PSSHIM_CHUNK_SIZE=4M PSSHIM_GPU_BUDGET=8M PSSHIM_STATS="$tmp/sh.json" \
+    out=$(under_psshim "${plan_env[@]}" PSSHIM_CHUNK_SIZE=4M PSSHIM_GPU_BUDGET=8M PSSHIM_STATS="$tmp/sh.json" \
       "$SHARD_SIM" $seed 100) || fail "shard_sim $seed under plan: $out"
     echo "shard_sim $seed plan: $out"
     [ "${out%, host*}" = "${native%, host*}" ] || fail "shard_sim $seed: bytes differ from the native run"
     python3 - "$tmp/sh.json" <<'PY' || fail "shard_sim $seed: stats"
 import json, sys
 s = json.load(open(sys.argv[1]))
-print(f"  plan: {s['plan_builds']} made, predicted {s['plan_bytes_in'] >> 20} MiB in per iteration; moves on time "
-      f"{s['plan_on_time']}, late {s['plan_late']}, dropped {s['plan_dropped']}, over {s['plan_laps']} iterations")
-assert s["plan_builds"] == 1 and s["plan_laps"] >= 10 and s["plan_on_time"] > 0, "the plan was not made and followed"
+print(f"  plan: {s['plan_builds']} made, predicted {s['plan_bytes_in'] >> 20} MiB in per iteration; owner fetched "
+      f"{s['owner_fetches']}, missed {s['owner_missed']}, over {s['plan_laps']} iterations")
+assert s["plan_builds"] == 1 and s["plan_laps"] >= 10 and s["owner_fetches"] > 0, "the plan was not made and followed"
 PY
   done
   ;;
