@@ -44,13 +44,19 @@ SOURCES = [os.path.join(HERE, "pipeline.cu"), os.path.join(HERE, "pipeline.h")]
 DEFAULT_BINARY = os.path.join(REPO, "build-pipeline", "pipeline")
 SETTINGS = ("pcie", "compute")
 MODES = ("native", "static", "psshim")
+# Optional modes (--modes): PSSHIM_POLICY=plan, whose owner thread runs the plan ahead of
+# the launches (allocator/owner.c).
+EXTRA_MODES = {"plan": "plan"}
 COMPUTE_OVER_LINK = 2.2
 CALIBRATION_ITERS = 256
 KEEP_ENV = ("PSSHIM_CUPTI", "PSSHIM_LIBCUDA", "PSSHIM_NCCL")
 QUICK = dict(layers=16, layer_mib=64, steps=5, warmup=2)
 STATS_KEYS = ("migrations_to_gpu", "migrations_to_host", "bytes_h2d", "bytes_d2h", "touches_gpu", "touches_host",
               "copy_waits", "late_waits", "period", "period_adopted_at", "launches", "steady_iterations",
-              "steady_wall_ns", "steady_bytes_h2d", "steady_bytes_d2h", "steady_touches_host")
+              "steady_wall_ns", "steady_bytes_h2d", "steady_bytes_d2h", "steady_touches_host", "steady_touches_gpu",
+              "plan_builds", "plan_laps", "owner_fetches", "owner_evictions", "owner_missed", "owner_wait_ns",
+              "gate_wait_ns", "gate_timeouts", "steady_owner_wait_ns", "steady_gate_wait_ns", "remap_ns",
+              "steady_remap_ns", "chunk_size")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -77,6 +83,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--calibration-iters", type=int, default=CALIBRATION_ITERS,
                    help=f"ITERS of the calibration run (default {CALIBRATION_ITERS})")
     p.add_argument("--settings", default=",".join(SETTINGS), help="comma separated (default: pcie,compute)")
+    p.add_argument("--modes", default=",".join(MODES[1:]),
+                   help="psshim's runs beside native, comma separated, of static, psshim (its defaults) and plan "
+                        "(PSSHIM_POLICY=plan) (default: static,psshim)")
+    p.add_argument("--chunk-size", help="PSSHIM_CHUNK_SIZE of every psshim run (default: psshim's)")
     p.add_argument("--timeout", type=float, default=150, help="seconds one run may take (default 150)")
     p.add_argument("--max-total-s", type=float, default=540,
                    help="start no run after this many seconds, so that the call fits one 600 s device command; "
@@ -92,6 +102,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     a.settings = [s.strip() for s in a.settings.split(",") if s.strip()]
     if not a.settings or any(s not in SETTINGS for s in a.settings):
         p.error(f"--settings: choose from {', '.join(SETTINGS)}")
+    a.modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    if not a.modes or any(m not in (*MODES[1:], *EXTRA_MODES) for m in a.modes):
+        p.error(f"--modes: choose from {', '.join((*MODES[1:], *EXTRA_MODES))}")
     if min(a.layers, a.layer_mib, a.passes, a.steps) < 1 or not 0 <= a.warmup < a.steps:
         p.error("--layers, --layer-mib, --passes, --steps must be positive and --warmup below --steps")
     a.weights = a.layers * a.layer_mib << 20
@@ -154,10 +167,13 @@ def calibrated_iters(t_zero: float, t_cal: float, cal_iters: int, target_s: floa
 
 
 def touch_pct(stats) -> float | None:
-    """psshim's chunk touches served from host frames, in percent of all; None: none counted."""
+    """psshim's chunk touches served from host frames, in percent of all: in its steady
+    iterations where it counted them there, else over the run; None: none counted."""
     if not isinstance(stats, dict):
         return None
-    place, total = stats.get("touches_host") or 0, (stats.get("touches_host") or 0) + (stats.get("touches_gpu") or 0)
+    prefix = "steady_" if stats.get("steady_touches_gpu") or stats.get("steady_touches_host") else ""
+    place = stats.get(prefix + "touches_host") or 0
+    total = place + (stats.get(prefix + "touches_gpu") or 0)
     return round(100.0 * place / total, 3) if total else None
 
 
@@ -201,13 +217,16 @@ def make_run(a, setting: str, mode: str, iters, steps: int | None = None, warmup
         return run
     run.budget, run.ratio, run.stats_path = a.budget, a.weights / a.budget, base + ".stats.json"
     budget = f"{a.budget >> 20}M" if a.budget % (1 << 20) == 0 else str(a.budget)
-    policy = {"static": "static", "psshim": None}[mode]  # psshim: its defaults
+    policy = {"static": "static", "psshim": None, **EXTRA_MODES}[mode]  # psshim: its defaults
+    chunk = ["--chunk-size", a.chunk_size] if a.chunk_size else []
     if a.preload:
         run.env = {"LD_PRELOAD": a.lib, "PSSHIM_GPU_BUDGET": budget, "PSSHIM_STATS": run.stats_path}
         if policy:
             run.env["PSSHIM_POLICY"] = policy
+        if a.chunk_size:
+            run.env["PSSHIM_CHUNK_SIZE"] = a.chunk_size
     else:
-        run.argv = [a.psshim, "--budget", budget, *(["--policy", policy] if policy else []),
+        run.argv = [a.psshim, "--budget", budget, *(["--policy", policy] if policy else []), *chunk,
                     "--stats", run.stats_path, "--", *program]
     return run
 
@@ -267,9 +286,12 @@ def checksum_of(rec) -> str | None:
 
 def row(setting: str, iters, recs: dict, bound: dict) -> dict:
     native, static, psshim = (step_of(recs.get(m)) for m in MODES)
+    plan = step_of(recs.get("plan"))
     bound_s = max(native, bound["link_s"]) if native is not None else None
     return {"setting": setting, "iters": iters, "native_s": native, "static_s": static, "psshim_s": psshim,
-            "bound_s": bound_s, "weights": weights_verdict([checksum_of(recs.get(m)) for m in MODES]),
+            "plan_s": plan, "plan_over_bound": round(plan / bound_s, 3) if plan and bound_s else None,
+            "plan_inplace_touch_pct": (recs.get("plan") or {}).get("inplace_touch_pct"),
+            "bound_s": bound_s, "weights": weights_verdict([checksum_of(recs.get(m)) for m in (*MODES, *EXTRA_MODES) if m in recs]),
             "inplace_touch_pct": (recs.get("psshim") or {}).get("inplace_touch_pct"),
             "psshim_over_bound": round(psshim / bound_s, 3) if psshim and bound_s else None,
             "static_over_bound": round(static / bound_s, 3) if static and bound_s else None,
@@ -314,8 +336,8 @@ def commit(a) -> str | None:
 def fmt_row(r: dict) -> list:
     f = benchlib.fmt
     return [r["setting"], str(r["iters"]), f(r["native_s"], ".4f"), f(r["static_s"], ".4f"), f(r["psshim_s"], ".4f"),
-            f(r["bound_s"], ".4f"), f(r["psshim_over_bound"], ".2f"), r["weights"] or "-",
-            f(r["inplace_touch_pct"], ".1f")]
+            f(r["plan_s"], ".4f"), f(r["bound_s"], ".4f"), f(r["psshim_over_bound"], ".2f"), f(r["plan_over_bound"], ".2f"),
+            r["weights"] or "-", f(r["inplace_touch_pct"], ".1f"), f(r["plan_inplace_touch_pct"], ".1f")]
 
 
 def main(argv=None) -> int:
@@ -348,7 +370,7 @@ def main(argv=None) -> int:
         print(doc["build"].get("build_command", f"(built: {a.binary})"))
         for setting in a.settings:
             iters = a.iters_pcie if setting == "pcie" else a.iters_compute or "<calibrated>"
-            for mode in MODES:
+            for mode in ("native", *a.modes):
                 print(make_run(a, setting, mode, iters).shell())
         return 0
     if not a.preload and not os.path.isfile(a.lib):
@@ -392,15 +414,16 @@ def main(argv=None) -> int:
             recs[setting]["native"] = runner.run(make_run(a, setting, "native", iters[setting]))
         save()
     for setting in a.settings:
-        for mode in MODES[1:]:
+        for mode in a.modes:
             recs[setting][mode] = runner.run(make_run(a, setting, mode, iters[setting]))
             save()
     save()
     print(f"\nwrote {a.out} (runs' output and statistics in {a.runs_dir}); card {doc['card'] or '?'}, build "
           f"{doc['commit'] or '?'}; bound = max(native, {bound['link_s']:.4f} s: the fewest bytes a step at the budget "
           f"moves each way at benchlib's copy rates)\n")
-    print(benchlib.format_table(["setting", "ITERS", "native s", "static s", "psshim s", "bound s", "psshim/bound",
-                                 "weights", "in place %"], [fmt_row(r) for r in doc["runs"]]))
+    print(benchlib.format_table(["setting", "ITERS", "native s", "static s", "psshim s", "plan s", "bound s",
+                                 "psshim/bound", "plan/bound", "weights", "in place %", "plan in place %"],
+                                [fmt_row(r) for r in doc["runs"]]))
     return 0
 
 
