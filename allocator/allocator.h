@@ -140,7 +140,8 @@ void psa_usage_reset_high(int ordinal, bool reserved, bool used);
  * - the plan's owner (allocator/owner.c): devices with one; its fetches and evictions made,
  *   fetches it could not make (no frame, or a chunk it could not quiet: read in place),
  *   fetches found done, victims it chose where the plan's were gone (an allocation took
- *   the frame the plan freed); its waits for launches and the GPU; the launching threads' waits
+ *   the frame the plan freed), fetches a launch asked for (it named chunks in host frames
+ *   the plan left there); its waits for launches and the GPU; the launching threads' waits
  *   for their moments, and the waits that gave up. */
 #define PSA_STATS_FIELDS(X)                                                                   \
   X(allocs, SUM) X(frees, SUM) X(failed_allocs, SUM) X(live_bytes, SUM) X(peak_live_bytes, SUM) \
@@ -166,7 +167,8 @@ void psa_usage_reset_high(int ordinal, bool reserved, bool used);
   X(plan_builds, SUM) X(plan_build_ns, SUM) X(plan_bytes_in, SUM) X(plan_bytes_out, SUM)      \
   X(plan_laps, SUM) X(plan_moved_in, SUM) X(plan_moved_out, SUM)                            \
   X(owners, SUM) X(owner_fetches, SUM) X(owner_evictions, SUM) X(owner_missed, SUM)           \
-  X(owner_moot, SUM) X(owner_unplanned_victims, SUM) X(owner_wait_ns, SUM) X(gate_wait_ns, SUM)   \
+  X(owner_moot, SUM) X(owner_unplanned_victims, SUM) X(owner_demand_fetches, SUM)               \
+  X(owner_wait_ns, SUM) X(gate_wait_ns, SUM)                                                  \
   X(gate_timeouts, SUM)
 
 struct psa_stats {
@@ -196,7 +198,8 @@ struct psa_progress {
   X(launch_ns) X(plan_ns) X(remap_ns) X(bytes_h2d) X(bytes_d2h) X(migrations_to_gpu)          \
   X(migrations_to_host) X(late_waits) X(late_wait_ns) X(touches_host) X(runahead_wait_ns)     \
   X(move_ns) X(scan_ns) X(frame_make_ns) X(plans) X(reclaims) X(reclaim_ns) X(room_ns)        \
-  X(room_wait_ns) X(touches_gpu) X(owner_fetches) X(owner_missed) X(owner_wait_ns) X(gate_wait_ns)
+  X(room_wait_ns) X(touches_gpu) X(owner_fetches) X(owner_missed) X(owner_demand_fetches)         \
+  X(owner_wait_ns) X(gate_wait_ns)
 void psa_stats_boundary(bool first, struct psa_stats *now);
 /* PSSHIM_STATS output: text (json=false) or one JSON object. */
 void psa_stats_write(FILE *f, bool json, const struct psa_progress *p);

@@ -58,6 +58,7 @@ struct visit {
   struct psa_mark *mark;
   struct psa_mark *ahead; /* exit: the mark PSSHIM_RUNAHEAD launches back on ahead_dev */
   struct device *ahead_dev;
+  struct psa_launch_chunks *named; /* before the gate: the chunks of its first device */
 };
 
 #define VISIT_RANGES 16 /* a span's ranges kept apart per launch; more count as the whole span */
@@ -238,6 +239,28 @@ static void exit_span(struct device *d, struct span *s, const struct chunk_range
         psa_add_user(d, &d->chunks[i], v->mark);
       else
         psa_users_passed(d, &d->chunks[i], true);
+}
+
+/* The chunks the launch names on the first device it touches (too many: none), and which
+ * lie in host frames, for the owner (owner.c). */
+static void name_chunks(struct device *d, struct span *s, const struct chunk_ranges *cr, struct visit *v)
+{
+  (void)s;
+  struct psa_launch_chunks *lc = v->named;
+  if (lc->n == 0 && lc->ordinal < 0)
+    lc->ordinal = d->ordinal;
+  if (lc->ordinal != d->ordinal || lc->n > PSA_DEMAND_MAX)
+    return;
+  for (uint32_t k = 0; k < cr->n; k++)
+    for (uint64_t i = cr->r[k].first; i < cr->r[k].end; i++) {
+      if (lc->n == PSA_DEMAND_MAX) {
+        lc->n = PSA_DEMAND_MAX + 1; /* too many to keep: asks for none */
+        lc->nhost = 0;
+        return;
+      }
+      lc->chunk[lc->n++] = i;
+      lc->nhost += psa_chunk_on(d, &d->chunks[i], PSA_HOST) && d->chunks[i].frame != psa_shared_frame(d);
+    }
 }
 
 /* fn(d, l) for every ready device, under its lock. */
@@ -447,9 +470,16 @@ void psa_on_moment(const struct ps_moment *l, bool enter, uint64_t period, uint6
   if (tls_unbracketed)
     return;
   bool planned = ps_options.policy == PS_POLICY_PLAN && period;
-  if (enter && planned)
-    psa_owner_gate(moment); /* what the plan fetches for it is on the GPU first (owner.c) */
   struct visit v = {.l = l, .period = period, .position = position};
+  if (enter && planned) {
+    /* What the plan fetches for it is on the GPU first, and what it names in host frames
+     * besides is fetched for it (owner.c). */
+    struct psa_launch_chunks named = {.ordinal = -1};
+    v.named = &named;
+    if (l->nptrs)
+      for_each_span(&v, name_chunks);
+    psa_owner_gate(moment, named.n <= PSA_DEMAND_MAX ? &named : NULL);
+  }
   if (l->nptrs)
     for_each_span(&v, enter ? enter_span : exit_span);
   if (!enter && planned) {

@@ -46,6 +46,11 @@ struct psa_owner {
   uint64_t base, period;
   uint32_t *victims; /* evictions due and not yet made, oldest first */
   size_t nvictims, cap;
+  /* A launch that names chunks in host frames (the plan did not foresee it, or its chunks
+   * lie elsewhere than recorded) asks for them, one launch at a time: the owner fetches
+   * them before anything else, the launch waiting (o->lock). */
+  bool asked;
+  struct psa_launch_chunks demand;
 };
 
 static struct psa_owner owners[PSA_MAX_DEVICES];
@@ -67,21 +72,6 @@ static void timed_wait(pthread_cond_t *cv, ps_mutex *mx, uint64_t ns)
   t.tv_sec += (time_t)(at / 1000000000ull);
   t.tv_nsec = (long)(at % 1000000000ull);
   ps_cond_timedwait(cv, mx, &t);
-}
-
-/* Waits (no device lock held) until every launch before moment m has exited, so that each
- * left its marks; false after STRAGGLER_NS (a launch stuck before its driver call) or when
- * the plan changed. */
-static bool launches_before(struct psa_owner *o, uint64_t m, uint64_t generation, uint64_t *waited)
-{
-  uint64_t start = psa_now_ns();
-  ps_mutex_lock(&o->lock);
-  while (o->exited_low < m && o->generation == generation && !o->stopping && psa_now_ns() - start < STRAGGLER_NS)
-    timed_wait(&o->progress_cv, &o->lock, STRAGGLER_NS);
-  bool ok = o->exited_low >= m && o->generation == generation && !o->stopping;
-  ps_mutex_unlock(&o->lock);
-  *waited += psa_now_ns() - start;
-  return ok;
 }
 
 /* Waits, with d->lock dropped meanwhile, until the chunk may move: every launch that touched
@@ -142,14 +132,23 @@ static uint64_t take_victim(struct device *d, struct psa_owner *o)
 /* A victim the plan did not name, for a fetch that finds no frame (an allocation took the
  * one the plan freed, say): of the chunks on GPU frames that moment `at` does not use, the
  * one the schedule uses farthest ahead, a quiet one first (Belady, on demand). */
-static uint64_t any_victim(struct device *d, struct psa_owner *o, uint64_t at, uint64_t chunk)
+static bool named(const struct psa_launch_chunks *lc, uint64_t chunk)
+{
+  for (uint32_t k = 0; lc && k < lc->n; k++)
+    if (lc->chunk[k] == chunk)
+      return true;
+  return false;
+}
+
+static uint64_t any_victim(struct device *d, struct psa_owner *o, uint64_t at, uint64_t chunk,
+                           const struct psa_launch_chunks *keep)
 {
   uint64_t best = UINT64_MAX, best_next = 0;
   bool best_quiet = false;
   uint32_t known = psp_schedule_chunks(o->sched);
   for (uint64_t i = 0; i < d->space.chunks_high; i++) {
     const struct chunk *c = &d->chunks[i];
-    if (i == chunk || !c->span || !on(d, i, PSA_GPU) || c->span->exported)
+    if (i == chunk || !c->span || !on(d, i, PSA_GPU) || c->span->exported || named(keep, i))
       continue;
     uint64_t next = i < known ? psp_next_use(o->sched, (uint32_t)i, at + o->period - 1) : PSP_NEVER;
     if (next == at + o->period)
@@ -162,9 +161,10 @@ static uint64_t any_victim(struct device *d, struct psa_owner *o, uint64_t at, u
 }
 
 /* A fetch: onto a free GPU frame, or onto a due eviction's (swapped), or on demand onto
- * another victim's. A chunk not allocated yet needs no copy, only a frame free when its
- * allocation comes: the eviction is made and its write-back waited for. */
-static void fetch(struct device *d, struct psa_owner *o, uint64_t at, uint64_t chunk, uint64_t generation)
+ * another victim's, never one of `keep`'s. A chunk not allocated yet needs no copy, only a
+ * frame free when its allocation comes: the eviction is made and its write-back waited for. */
+static void fetch(struct device *d, struct psa_owner *o, uint64_t at, uint64_t chunk,
+                  const struct psa_launch_chunks *keep, uint64_t generation)
 {
   if (chunk >= d->nchunks)
     return;
@@ -186,8 +186,8 @@ static void fetch(struct device *d, struct psa_owner *o, uint64_t at, uint64_t c
       d->stats.owner_fetches += c->span != NULL; /* else its allocation takes the free frame */
       return;
     }
-    uint64_t v = take_victim(d, o);
-    if (v == UINT64_MAX && (v = any_victim(d, o, at, chunk)) != UINT64_MAX)
+    uint64_t v = keep ? UINT64_MAX : take_victim(d, o);
+    if (v == UINT64_MAX && (v = any_victim(d, o, at, chunk, keep)) != UINT64_MAX)
       d->stats.owner_unplanned_victims++;
     if (v == UINT64_MAX)
       break;
@@ -223,7 +223,7 @@ static void run_moves(struct device *d, struct psa_owner *o, uint64_t m, uint64_
       if (f->dir == PSP_TO_HOST && on(d, f->chunk, PSA_GPU))
         want_victim(o, f->chunk);
       else if (f->dir == PSP_TO_GPU)
-        fetch(d, o, at, f->chunk, generation);
+        fetch(d, o, at, f->chunk, NULL, generation);
     }
   }
   for (; o->generation == generation && o->next < o->plan->n_moves && o->plan->moves[o->next].at == at; o->next++) {
@@ -231,7 +231,7 @@ static void run_moves(struct device *d, struct psa_owner *o, uint64_t m, uint64_
     if (mv->dir == PSP_TO_HOST)
       want_victim(o, mv->chunk);
     else
-      fetch(d, o, at, mv->chunk, generation);
+      fetch(d, o, at, mv->chunk, NULL, generation);
   }
   psa_moves_poll(d);
   d->stats.plan_moved_in += d->stats.bytes_h2d - in;
@@ -255,6 +255,47 @@ static bool has_moves(struct device *d, struct psa_owner *o, uint64_t m)
   return o->next < o->plan->n_moves && o->plan->moves[o->next].at == at;
 }
 
+/* Serves the launch that asked (o->lock held on entry and on return, dropped meanwhile):
+ * its chunks in host frames fetched, its other chunks kept. */
+static void serve(struct device *d, struct psa_owner *o)
+{
+  struct psa_launch_chunks lc = o->demand;
+  uint64_t generation = o->generation;
+  ps_mutex_unlock(&o->lock);
+  ps_mutex_lock(&d->lock);
+  uint64_t at = (lc.moment - o->base) % o->period;
+  for (uint32_t k = 0; k < lc.n && o->generation == generation; k++)
+    if (on(d, lc.chunk[k], PSA_HOST)) {
+      uint64_t fetched = d->stats.owner_fetches;
+      fetch(d, o, at, lc.chunk[k], &lc, generation);
+      d->stats.owner_demand_fetches += d->stats.owner_fetches - fetched;
+    }
+  ps_mutex_unlock(&d->lock);
+  ps_mutex_lock(&o->lock);
+  o->asked = false;
+  pthread_cond_broadcast(&o->published_cv);
+}
+
+/* Waits (no device lock held) until every launch before moment m has exited, so that each
+ * left its marks; false after STRAGGLER_NS (a launch stuck before its driver call) or when
+ * the plan changed. */
+static bool launches_before(struct device *d, struct psa_owner *o, uint64_t m, uint64_t generation,
+                            uint64_t *waited)
+{
+  uint64_t start = psa_now_ns();
+  ps_mutex_lock(&o->lock);
+  while (o->exited_low < m && o->generation == generation && !o->stopping && psa_now_ns() - start < STRAGGLER_NS) {
+    if (o->asked) /* a launch before m waits for its chunks: served first */
+      serve(d, o);
+    else
+      timed_wait(&o->progress_cv, &o->lock, STRAGGLER_NS);
+  }
+  bool ok = o->exited_low >= m && o->generation == generation && !o->stopping;
+  ps_mutex_unlock(&o->lock);
+  *waited += psa_now_ns() - start;
+  return ok;
+}
+
 static void *owner_main(void *arg)
 {
   struct device *d = arg;
@@ -266,16 +307,20 @@ static void *owner_main(void *arg)
   psa_moves_settle = true;
   ps_mutex_lock(&o->lock);
   for (;;) {
-    while (!o->stopping && (!o->running || o->published >= o->exited_low + RING - 1))
+    while (!o->stopping && !o->asked && (!o->running || o->published >= o->exited_low + RING - 1))
       ps_cond_wait(&o->progress_cv, &o->lock);
     if (o->stopping)
       break;
+    if (o->asked) {
+      serve(d, o);
+      continue;
+    }
     uint64_t m = o->published, generation = o->generation, waited = 0;
     ps_mutex_unlock(&o->lock);
     ps_mutex_lock(&d->lock);
     bool moves = o->plan && o->generation == generation && has_moves(d, o, m);
     ps_mutex_unlock(&d->lock);
-    if (moves && launches_before(o, m, generation, &waited)) {
+    if (moves && launches_before(d, o, m, generation, &waited)) {
       ps_mutex_lock(&d->lock);
       if (o->plan && o->generation == generation)
         run_moves(d, o, m, generation);
@@ -335,7 +380,31 @@ void psa_owner_stop(struct device *d)
   ps_mutex_unlock(&o->lock);
 }
 
-void psa_owner_gate(uint64_t moment)
+/* Waits on the owner's published_cv until done() or GATE_NS from start; whether it gave up. */
+static bool gate_wait(struct psa_owner *o, bool (*done)(const struct psa_owner *, uint64_t), uint64_t moment,
+                      uint64_t start, uint64_t *waited)
+{
+  while (atomic_load(&o->running) && !done(o, moment)) {
+    if ((*waited = psa_now_ns() - start) >= GATE_NS)
+      return true;
+    timed_wait(&o->published_cv, &o->lock, GATE_NS - *waited);
+  }
+  *waited = psa_now_ns() - start;
+  return false;
+}
+
+static bool published(const struct psa_owner *o, uint64_t moment)
+{
+  return moment < o->first || moment < o->published;
+}
+
+static bool unasked(const struct psa_owner *o, uint64_t moment)
+{
+  (void)moment;
+  return !o->asked;
+}
+
+void psa_owner_gate(uint64_t moment, const struct psa_launch_chunks *lc)
 {
   ps_lock_check_none("a launch waiting for its moment");
   for (int i = 0; i < PSA_MAX_DEVICES; i++) {
@@ -343,11 +412,16 @@ void psa_owner_gate(uint64_t moment)
     if (!atomic_load(&o->running))
       continue;
     uint64_t start = psa_now_ns(), waited = 0;
-    bool gave_up = false;
     ps_mutex_lock(&o->lock);
-    while (o->running && moment >= o->first && moment >= o->published && !(gave_up = waited >= GATE_NS)) {
-      timed_wait(&o->published_cv, &o->lock, GATE_NS - waited);
-      waited = psa_now_ns() - start;
+    bool gave_up = gate_wait(o, published, moment, start, &waited);
+    /* Its chunks in host frames, asked for once the plan's moves before it are made. */
+    if (!gave_up && lc && lc->ordinal == i && lc->nhost && moment >= o->first &&
+        !(gave_up = gate_wait(o, unasked, moment, start, &waited))) {
+      o->demand = *lc;
+      o->demand.moment = moment;
+      o->asked = true;
+      pthread_cond_signal(&o->progress_cv);
+      gave_up = gate_wait(o, unasked, moment, start, &waited);
     }
     ps_mutex_unlock(&o->lock);
     if (waited) {

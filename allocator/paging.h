@@ -93,9 +93,19 @@ void psa_owners_setup(void);
 void psa_owner_follow(struct device *d, const psp_schedule *sched, const psp_plan *plan, const psp_move *fixes,
                       size_t nfix, uint64_t first, uint64_t base, uint64_t period);
 void psa_owner_stop(struct device *d);
+/* The chunks of one device a launch names (up to PSA_DEMAND_MAX; more: none listed), and
+ * how many of them lie in host frames. */
+#define PSA_DEMAND_MAX 64
+struct psa_launch_chunks {
+  int ordinal;
+  uint32_t n, nhost;
+  uint64_t moment;
+  uint64_t chunk[PSA_DEMAND_MAX];
+};
 /* A launch at an absolute moment: before it enters, it waits (holding no lock) until every
- * following owner has published the moment; as it exits, it tells them. */
-void psa_owner_gate(uint64_t moment);
+ * following owner has published the moment, and, where lc names chunks in host frames, until
+ * the owner has fetched them; as it exits, it tells them. */
+void psa_owner_gate(uint64_t moment, const struct psa_launch_chunks *lc);
 void psa_owner_exited(uint64_t moment);
 /* plan_exec.c: a plan made waits for a launch to tell the moment its owner starts at
  * (called with d->lock held, at a launch's exit, while the device's pager->owner_due). */

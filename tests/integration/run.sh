@@ -117,12 +117,12 @@ train_plan)
   # quiescence rule as auto (the strict test driver aborts on a remap under queued work).
   # Values must equal the native run's, with and without slow copies, events, kernels and
   # remaps; one plan must be made and followed for most of the run by its owner, with no
-  # launch giving up its wait; and without delays the owner must miss no fetch and copy
-  # what the plan predicts (the plan's bytes are an upper bound: it counts every touch a
-  # write, and moves copy only live ranges). At 8M (four frames, two chunks a launch) too.
-  # (The steady iterations' in-place touches are printed, not yet held to a bound: the
-  # activations an iteration allocates still land in host frames at times; the layer
-  # pipeline, integration pipeline plan, has none.) Then shard_sim alone (one
+  # launch giving up its wait; and without delays the owner must copy what the plan
+  # predicts (the plan's bytes are an upper bound: it counts every touch a write, and moves
+  # copy only live ranges), miss no fetch, and leave at most 5% of the steady iterations'
+  # chunk touches in place (a launch that names chunks in host frames asks the owner for
+  # them; the activations' chunks differ between iterations, so some are asked for), but at
+  # 8M (two frames), where an update's three chunks cannot all be on the GPU. Then shard_sim alone (one
   # rank): buffers of odd sizes, cold ones among them, bytes intact, a plan made and
   # followed.
   native=$("$prog" 40 8 4) || fail "native run: $native"
@@ -152,8 +152,10 @@ assert s["owners"] == 1 and laps >= 10, "the plan's owner followed it for fewer 
 assert s["plan_bytes_in"] > 0 and s["owner_fetches"] > 0, "no planned move was made"
 assert s["gate_timeouts"] == 0, "a launch gave up waiting for its moment"
 assert s["peak_gpu_bytes"] <= s["gpu_budget"], "GPU budget exceeded"
-if delays == "0 0 0 0":
+if delays == "0 0 0 0" and budget != "8M": # at 8M two frames: an update's three chunks cannot all fit
     assert s["owner_missed"] == 0, "the owner missed a fetch"
+    assert s["steady_touches_host"] * 20 <= s["steady_touches_host"] + s["steady_touches_gpu"], \
+        "more than 5% of the steady iterations' chunk touches were in place"
     for moved, planned in ((moved_in, s["plan_bytes_in"]), (moved_out, s["plan_bytes_out"])):
         assert 0.3 * planned <= moved <= planned, f"moved {moved:.0f} bytes per iteration, the plan {planned}"
 PY
