@@ -24,7 +24,7 @@ sed -n "/^ratio  budget/,\$p" "$OUT/mover_ab.log" | grep -v "^\s*$"
 python3 - "$W/mover_ab_runs" <<'PY'
 import glob, json, os, sys
 keys = ("plan_ns", "move_ns", "remap_ns", "migrations_to_gpu", "migrations_to_host", "bytes_h2d", "bytes_d2h",
-        "touches_host", "period", "plan_builds", "plan_on_time", "plan_late", "plan_dropped", "plan_moot",
+        "touches_host", "period", "plan_builds", "owner_fetches", "owner_missed", "owner_demand_fetches", "gate_wait_ns",
         "plan_bytes_in", "plan_laps", "plan_moved_in", "late_waits", "late_wait_ns", "launch_ns", "lock_wait_ns",
         "relock_ns", "scan_ns", "steady_iterations", "steady_wall_ns", "steady_pager_pct", "steady_launch_ns", "steady_plan_ns",
         "steady_remap_ns", "steady_bytes_h2d", "steady_bytes_d2h", "steady_late_waits", "steady_move_ns",
