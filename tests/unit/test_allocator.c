@@ -454,6 +454,7 @@ static void *trainer_main(void *arg)
 struct loop_run {
   unsigned seed;
   bool unseen;
+  bool plan; /* PSSHIM_POLICY=plan: the owner (owner.c) runs the plan ahead of the trainers */
 };
 
 static void run_loop(void *arg)
@@ -462,7 +463,7 @@ static void run_loop(void *arg)
   unsigned seed = run->seed, r = seed;
   static const char *budgets[] = {"4M", "8M", "12M", "20M", "32M"};
   const char *budget = budgets[rand_r(&r) % 5];
-  setenv("PSSHIM_POLICY", "auto", 1);
+  setenv("PSSHIM_POLICY", run->plan ? "plan" : "auto", 1);
   setenv("PSSHIM_RUNAHEAD", "16", 1); /* well under the loop's period of 40-130 launches */
   setenv("PSSHIM_MOVER", seed > 5 ? "1" : "0", 1);
   if (seed > 5) /* the mover thread takes the pager's turns, its remaps slow */
@@ -484,11 +485,12 @@ static void run_loop(void *arg)
   psa_stats_get(&s);
   uint64_t weights = atomic_load(&lp.weight_bytes);
   fprintf(stderr, "loop seed %u%s: %d threads, %llu MiB of weights, budget %s: period %llu, to GPU %llu, to host %llu, "
-                  "copy waits %llu, touches GPU %llu host %llu, mismatches %llu\n",
-          seed, seed > 5 ? " (mover)" : "", lp.threads, (unsigned long long)(weights >> 20), budget,
+                  "copy waits %llu, touches GPU %llu host %llu, owner fetches %llu, asked %llu, mismatches %llu\n",
+          seed, run->plan ? " (plan)" : seed > 5 ? " (mover)" : "", lp.threads, (unsigned long long)(weights >> 20), budget,
           (unsigned long long)ps_wiring_progress().period,
           (unsigned long long)s.migrations_to_gpu, (unsigned long long)s.migrations_to_host,
           (unsigned long long)s.copy_waits, (unsigned long long)s.touches_gpu, (unsigned long long)s.touches_host,
+          (unsigned long long)s.owner_fetches, (unsigned long long)s.owner_demand_fetches,
           (unsigned long long)atomic_load(&mismatches));
   if (atomic_load(&mismatches))
     exit(10);
@@ -501,7 +503,7 @@ static void run_loop(void *arg)
   uint64_t moves = s.migrations_to_gpu + s.migrations_to_host;
   if (run->unseen && (lp.moves_at_unseen == 0 || moves != lp.moves_at_unseen))
     exit(16); /* nothing moved before the unseen copy, or something moved after it */
-  moves_seen[seed] = moves;
+  moves_seen[seed] = run->plan ? s.owner_fetches : moves;
 }
 
 /* Random loops (threads, weights, budget) under each kind of slow driver, the pager's turns
@@ -525,6 +527,30 @@ static void test_training_loop_with_pager(void **state)
   for (unsigned seed = 1; seed <= 5; seed++)
     if (!moves_seen[seed] && !moves_seen[seed + 5])
       fail_msg("no chunk moved with delays %s/%s/%s us", delays[seed % 5][0], delays[seed % 5][1], delays[seed % 5][2]);
+  moves_seen_unmap();
+}
+
+/* The same loops under plan's owner, several trainer threads each waiting for their
+ * moments and asking for their chunks, under each kind of slow driver: every value intact,
+ * and the owner moved chunks in some run of each pair that shares delays. */
+static void test_training_loop_with_owner(void **state)
+{
+  (void)state;
+  moves_seen_map();
+  for (unsigned seed = 1; seed <= 10; seed++) {
+    int i = (int)(seed % 5);
+    set_delays(i);
+    struct loop_run run = {.seed = seed, .plan = true};
+    int status = in_child(run_loop, &run);
+    clear_delays();
+    if (status)
+      fail_msg("plan, seed %u, copy/event/kernel delays %s/%s/%s us: exit %d", seed, delays[i][0], delays[i][1],
+               delays[i][2], status);
+  }
+  for (unsigned seed = 1; seed <= 5; seed++)
+    if (!moves_seen[seed] && !moves_seen[seed + 5])
+      fail_msg("the owner fetched nothing with delays %s/%s/%s us", delays[seed % 5][0], delays[seed % 5][1],
+               delays[seed % 5][2]);
   moves_seen_unmap();
 }
 
@@ -1540,6 +1566,7 @@ int main(void)
       cmocka_unit_test(test_random_programs_slow_kernels),
       cmocka_unit_test(test_random_programs_with_pager),
       cmocka_unit_test(test_training_loop_with_pager),
+      cmocka_unit_test(test_training_loop_with_owner),
       cmocka_unit_test(test_unseen_copy_stops_paging),
       cmocka_unit_test(test_capture_stops_paging_quietly),
       cmocka_unit_test(test_short_lived_land_on_gpu),
