@@ -109,7 +109,8 @@ void psa_usage_reset_high(int ordinal, bool reserved, bool used);
  *   host chunk to fetch, no GPU chunk that may leave, or none needed later than the fetch
  *   (Belady); swaps passed over as not paying (psp_swap_pays); the margin kept for
  *   short-lived allocations, in frames;
- * - touches: observed chunk touches served from each kind of frame (auto);
+ * - touches: observed chunk touches served from each kind of frame (auto); remaps made
+ *   while a launch that read a host frame in place may still run (each many times dearer);
  * - host time of the mover (the thread that pages, mover.c): planning (moves included),
  *   moving (remapping, queueing copies), remapping alone, a plan's survey of the chunks,
  *   polling moves in flight before a plan; waiting for the frame pool to make a frame,
@@ -150,7 +151,7 @@ void psa_usage_reset_high(int ordinal, bool reserved, bool used);
   X(gpu_frames_made, SUM) X(host_frames_made, SUM) X(mapped_chunk_bytes, SUM)                 \
   X(mapped_at_peak, SUM)                                                                      \
   X(migrations_to_gpu, SUM) X(migrations_to_host, SUM) X(bytes_h2d, SUM) X(bytes_d2h, SUM)    \
-  X(copy_waits, SUM) X(touches_gpu, SUM) X(touches_host, SUM)                                 \
+  X(copy_waits, SUM) X(touches_gpu, SUM) X(touches_host, SUM) X(remaps_beside_inplace, SUM)    \
   X(plans, SUM) X(plans_no_fetch, SUM) X(plans_no_victim, SUM) X(plans_belady, SUM)           \
   X(plans_no_gain, SUM) X(plans_copy_bound, SUM) X(margin_frames, SUM)                        \
   X(plan_ns, SUM) X(move_ns, SUM) X(remap_ns, SUM) X(scan_ns, SUM) X(poll_ns, SUM)            \
@@ -199,7 +200,7 @@ struct psa_progress {
   X(migrations_to_host) X(late_waits) X(late_wait_ns) X(touches_host) X(runahead_wait_ns)     \
   X(move_ns) X(scan_ns) X(frame_make_ns) X(plans) X(reclaims) X(reclaim_ns) X(room_ns)        \
   X(room_wait_ns) X(touches_gpu) X(owner_fetches) X(owner_missed) X(owner_demand_fetches)         \
-  X(owner_wait_ns) X(gate_wait_ns)
+  X(owner_wait_ns) X(gate_wait_ns) X(remaps_beside_inplace)
 void psa_stats_boundary(bool first, struct psa_stats *now);
 /* PSSHIM_STATS output: text (json=false) or one JSON object. */
 void psa_stats_write(FILE *f, bool json, const struct psa_progress *p);

@@ -117,6 +117,8 @@ static bool remap(struct device *d, uint64_t chunk, uint32_t from, uint32_t to)
   CUdeviceptr va = d->base + chunk * d->chunk_size;
   CUmemGenericAllocationHandle onto = d->fr.frames[to].handle, back = d->fr.frames[from].handle;
   uint64_t start = psa_now_ns();
+  if (d->marks.inplace && !psa_mark_passed(d, d->marks.inplace, false))
+    d->stats.remaps_beside_inplace++;
   ps_mutex_unlock(&d->lock);
   bool ok = !PS_CU(ps_driver.cuMemUnmap(va, d->chunk_size));
   if (ok && psa_map(d, va, onto) != CUDA_SUCCESS) {

@@ -22,6 +22,8 @@
 
 struct psa_paging_hooks psa_paging_hooks;
 
+static PS_THREAD_LOCAL bool tls_inplace; /* this thread's current moment read a host frame in place */
+
 /* A device's paging state, made at its set-up. */
 static bool pager_setup(struct device *d)
 {
@@ -178,8 +180,10 @@ static void enter_chunk(struct device *d, uint64_t chunk, struct visit *v)
     else
       d->stats.copy_waits++;
   }
-  if (psa_chunk_on(d, c, PSA_HOST))
+  if (psa_chunk_on(d, c, PSA_HOST)) {
     d->stats.touches_host++;
+    tls_inplace = true;
+  }
   else
     d->stats.touches_gpu++;
   if (ps_options.policy == PS_POLICY_PLAN && v->period)
@@ -230,6 +234,11 @@ static void exit_span(struct device *d, struct span *s, const struct chunk_range
       d->pager->recent[d->pager->recent_pos] = v->mark;
       d->pager->recent_pos = (d->pager->recent_pos + 1) % psa_hold_slots(ps_options.runahead);
     }
+  }
+  if (tls_inplace && v->mark && d->marks.inplace != v->mark) {
+    psa_mark_put(d, d->marks.inplace);
+    d->marks.inplace = v->mark;
+    v->mark->refs++;
   }
   if (!v->mark) /* no mark: wait for the launch here rather than lose track of it */
     PS_CU(ps_driver.cuStreamSynchronize((CUstream)(uintptr_t)v->l->stream));
@@ -464,6 +473,7 @@ void psa_on_moment(const struct ps_moment *l, bool enter, uint64_t period, uint6
      * psshim must not add events or waits it cannot account for. */
     bool capture = l->nptrs && psa_stream_capture((CUstream)(uintptr_t)l->stream) != 0;
     tls_unbracketed = l->opaque || capture;
+    tls_inplace = false;
     if (tls_unbracketed)
       stop_paging(l, capture);
   }

@@ -197,6 +197,9 @@ struct device {
     struct psa_mark *free;
     uint64_t copying[PSA_MAX_MIGRATIONS]; /* chunks whose move's copy is in flight */
     uint32_t ncopying;
+    /* The latest launch that read a chunk in a host frame in place (mover.c): a remap made
+     * before it passes runs beside in-place reads, which make it many times dearer. */
+    struct psa_mark *inplace;
   } marks;
   struct psa_moves *moves; /* one move's state (move.h): d->lock; made at set-up (psa_space_hooks.setup) */
   struct psa_pager *pager; /* paging's (paging.h): likewise */

@@ -161,17 +161,20 @@ int main(int argc, char **argv)
            stat_of(text, "launches"), stat_of(text, "copy_waits"), stat_of(text, "late_waits"));
   }
   /* PIPELINE_SIM_MAX_STEADY_INPLACE=N: fail when the steady iterations touched more than N
-   * chunks in place, or launches asked the owner for more than N (a plan the owner follows
-   * brings every chunk in before its launch, unasked). */
+   * chunks in place, launches asked the owner for more than N, or more than N remaps ran
+   * beside in-place reads (a plan the owner follows brings every chunk in before its
+   * launch, unasked, and nothing is read in place while it remaps). */
   const char *most = getenv("PIPELINE_SIM_MAX_STEADY_INPLACE");
   bool have = len > 0 && len < sizeof text;
   unsigned long long steady_place = have ? stat_of(text, "steady_touches_host") : 0;
   unsigned long long steady_asked = have ? stat_of(text, "steady_owner_demand_fetches") : 0;
-  bool too_many = most && (!have || steady_place > strtoull(most, NULL, 10) ||
-                           steady_asked > strtoull(most, NULL, 10) || !stat_of(text, "steady_touches_gpu"));
+  unsigned long long steady_beside = have ? stat_of(text, "steady_remaps_beside_inplace") : 0;
+  unsigned long long allowed = most ? strtoull(most, NULL, 10) : 0;
+  bool too_many = most && (!have || steady_place > allowed || steady_asked > allowed || steady_beside > allowed ||
+                           !stat_of(text, "steady_touches_gpu"));
   if (most)
-    printf("pipeline_sim: steady iterations touched %llu chunks in place and asked for %llu (at most %s allowed)\n",
-           steady_place, steady_asked, most);
+    printf("pipeline_sim: steady iterations touched %llu chunks in place, asked for %llu, remapped %llu times beside "
+           "in-place reads (at most %s allowed)\n", steady_place, steady_asked, steady_beside, most);
   fflush(stdout); /* before psshim's own statistics at exit, on stderr */
   free(w), free(model), free(host), free(steps);
   const char *need = getenv("PIPELINE_SIM_NEED_PSSHIM");
