@@ -56,7 +56,8 @@ STATS_KEYS = ("migrations_to_gpu", "migrations_to_host", "bytes_h2d", "bytes_d2h
               "steady_wall_ns", "steady_bytes_h2d", "steady_bytes_d2h", "steady_touches_host", "steady_touches_gpu",
               "plan_builds", "plan_laps", "owner_fetches", "owner_evictions", "owner_missed", "owner_wait_ns",
               "gate_wait_ns", "gate_timeouts", "steady_owner_wait_ns", "steady_gate_wait_ns", "remap_ns",
-              "steady_remap_ns", "chunk_size")
+              "steady_remap_ns", "chunk_size", "remaps_beside_inplace", "steady_remaps_beside_inplace",
+              "owner_demand_fetches", "steady_owner_demand_fetches", "owner_unplanned_victims")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
