@@ -43,6 +43,7 @@ struct psa_owner {
   const psp_plan *plan;
   const psp_move *fixes;
   size_t nfix, next; /* next: the plan's first move not run in this lap */
+  uint64_t moves_at;  /* a moment found to have moves, not yet run (UINT64_MAX: none) */
   uint64_t base, period;
   uint32_t *victims; /* evictions due and not yet made, oldest first */
   size_t nvictims, cap;
@@ -315,11 +316,25 @@ static void *owner_main(void *arg)
       serve(d, o);
       continue;
     }
-    uint64_t m = o->published, generation = o->generation, waited = 0;
+    uint64_t m = o->published, generation = o->generation, waited = 0, limit = o->exited_low + RING - 1;
     ps_mutex_unlock(&o->lock);
+    /* The moments up to the next with moves are published at once, together: launches
+     * then seldom wait for this thread where nothing moves. */
     ps_mutex_lock(&d->lock);
-    bool moves = o->plan && o->generation == generation && has_moves(d, o, m);
+    uint64_t end = m;
+    bool moves = o->moves_at == m;
+    while (!moves && o->plan && o->generation == generation && end < limit && !(moves = has_moves(d, o, end)))
+      end++;
+    o->moves_at = moves ? end : UINT64_MAX;
     ps_mutex_unlock(&d->lock);
+    if (end > m) {
+      ps_mutex_lock(&o->lock);
+      if (o->generation == generation && o->published == m) {
+        o->published = end;
+        pthread_cond_broadcast(&o->published_cv);
+      }
+      continue;
+    }
     if (moves && launches_before(d, o, m, generation, &waited)) {
       ps_mutex_lock(&d->lock);
       if (o->plan && o->generation == generation)
@@ -356,6 +371,7 @@ void psa_owner_follow(struct device *d, const psp_schedule *sched, const psp_pla
   o->fixes = fixes;
   o->nfix = nfix;
   o->next = 0;
+  o->moves_at = UINT64_MAX;
   o->nvictims = 0;
   o->base = base;
   o->period = period;

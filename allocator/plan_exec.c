@@ -263,5 +263,7 @@ void psa_plan_own(struct device *d, uint64_t period, uint64_t position, uint64_t
   struct plan_exec *st = &execs[d->ordinal];
   if (!atomic_exchange(&d->pager->owner_due, false) || st->phase != FOLLOWING || period != st->period)
     return;
+  if (!st->plan.n_moves && !st->nfix)
+    return; /* the iteration fits: no owner, no waits */
   psa_owner_follow(d, st->sched, &st->plan, st->fixes, st->nfix, moment + 1, moment - position, period);
 }
