@@ -506,52 +506,43 @@ static void run_loop(void *arg)
   moves_seen[seed] = run->plan ? s.owner_fetches : moves;
 }
 
-/* Random loops (threads, weights, budget) under each kind of slow driver, the pager's turns
- * taken by the launching threads (seeds 1-5) and by the mover (6-10). */
-static void test_training_loop_with_pager(void **state)
+/* The ten random loops (threads, weights, budget) under each kind of slow driver; then, in
+ * each pair of runs that share delays, chunks moved (a budget the margin fills moves nothing,
+ * by design): the protocol was exercised under every kind of slow driver. */
+static void run_loops(bool plan)
 {
-  (void)state;
   moves_seen_map();
   for (unsigned seed = 1; seed <= 10; seed++) {
     int i = (int)(seed % 5);
     set_delays(i);
-    struct loop_run run = {.seed = seed};
+    struct loop_run run = {.seed = seed, .plan = plan};
     int status = in_child(run_loop, &run);
     clear_delays();
     if (status)
-      fail_msg("seed %u, copy/event/kernel delays %s/%s/%s us: exit %d", seed, delays[i][0], delays[i][1],
-               delays[i][2], status);
+      fail_msg("%s, seed %u, copy/event/kernel delays %s/%s/%s us: exit %d", plan ? "plan" : "auto", seed, delays[i][0],
+               delays[i][1], delays[i][2], status);
   }
-  /* The protocol was exercised under every kind of slow driver: in each pair of runs that
-   * share delays, chunks moved. (A budget the margin fills moves nothing, by design.) */
   for (unsigned seed = 1; seed <= 5; seed++)
     if (!moves_seen[seed] && !moves_seen[seed + 5])
-      fail_msg("no chunk moved with delays %s/%s/%s us", delays[seed % 5][0], delays[seed % 5][1], delays[seed % 5][2]);
+      fail_msg("%s: no chunk moved with delays %s/%s/%s us", plan ? "plan" : "auto", delays[seed % 5][0],
+               delays[seed % 5][1], delays[seed % 5][2]);
   moves_seen_unmap();
 }
 
-/* The same loops under plan's owner, several trainer threads each waiting for their
- * moments and asking for their chunks, under each kind of slow driver: every value intact,
- * and the owner moved chunks in some run of each pair that shares delays. */
+/* Under auto, the pager's turns taken by the launching threads (seeds 1-5) and by the mover
+ * (6-10). */
+static void test_training_loop_with_pager(void **state)
+{
+  (void)state;
+  run_loops(false);
+}
+
+/* Under plan's owner: several trainer threads each waiting for their moments and asking for
+ * their chunks. */
 static void test_training_loop_with_owner(void **state)
 {
   (void)state;
-  moves_seen_map();
-  for (unsigned seed = 1; seed <= 10; seed++) {
-    int i = (int)(seed % 5);
-    set_delays(i);
-    struct loop_run run = {.seed = seed, .plan = true};
-    int status = in_child(run_loop, &run);
-    clear_delays();
-    if (status)
-      fail_msg("plan, seed %u, copy/event/kernel delays %s/%s/%s us: exit %d", seed, delays[i][0], delays[i][1],
-               delays[i][2], status);
-  }
-  for (unsigned seed = 1; seed <= 5; seed++)
-    if (!moves_seen[seed] && !moves_seen[seed + 5])
-      fail_msg("the owner fetched nothing with delays %s/%s/%s us", delays[seed % 5][0], delays[seed % 5][1],
-               delays[seed % 5][2]);
-  moves_seen_unmap();
+  run_loops(true);
 }
 
 /* A copy psshim cannot parse (an array copy) may touch any chunk: paging stops at once,
