@@ -148,15 +148,22 @@ static void test_corruption_behind_checksums(void **state) {
   unlink(path);
 }
 
-static void test_reads_past_a_bad_block(void **state) {
-  (void)state;
-  size_t size;
-  unsigned char *data = test_read_file(small_trace(), &size);
-  struct trace_read whole, t;
-  assert_true(test_trace_read(small_trace(), &whole));
+/* The small trace's bytes (*size of them), the trace read whole, and where its second
+ * block starts. */
+static unsigned char *small_trace_bytes(size_t *size, struct trace_read *whole, size_t *second) {
+  unsigned char *data = test_read_file(small_trace(), size);
+  assert_true(test_trace_read(small_trace(), whole));
   uint32_t len1;
   memcpy(&len1, data + PST_FILE_HEADER_SIZE + 4, 4);
-  const size_t second = PST_FILE_HEADER_SIZE + PST_BLOCK_HEADER_SIZE + len1;
+  *second = PST_FILE_HEADER_SIZE + PST_BLOCK_HEADER_SIZE + len1;
+  return data;
+}
+
+static void test_reads_past_a_bad_block(void **state) {
+  (void)state;
+  size_t size, second;
+  struct trace_read whole, t;
+  unsigned char *data = small_trace_bytes(&size, &whole, &second);
   const char *path = test_trace_path("badblock");
   char want[64];
   snprintf(want, sizeof want, "corrupt block at byte %zu", second);
@@ -232,13 +239,11 @@ static unsigned char *block_of(uint32_t len, const unsigned char *records, size_
 
 static void test_block_longer_than_max_refused(void **state) {
   (void)state;
-  size_t size;
-  unsigned char *data = test_read_file(small_trace(), &size);
+  size_t size, second;
   struct trace_read whole, t;
-  assert_true(test_trace_read(small_trace(), &whole));
-  uint32_t len1;
-  memcpy(&len1, data + PST_FILE_HEADER_SIZE + 4, 4);
-  const size_t first = PST_FILE_HEADER_SIZE, second = first + PST_BLOCK_HEADER_SIZE + len1;
+  unsigned char *data = small_trace_bytes(&size, &whole, &second);
+  const size_t first = PST_FILE_HEADER_SIZE;
+  const uint32_t len1 = (uint32_t)(second - first - PST_BLOCK_HEADER_SIZE);
   const char *path = test_trace_path("longblock");
   for (uint32_t extra = 0; extra <= 8; extra += 8) {
     /* the first block's records, carried in a block of PST_BLOCK_MAX + extra bytes */
