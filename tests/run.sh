@@ -25,8 +25,8 @@ run build
 checks='ps_lock_check_|ps_check_failed|psa_span_check|psa_frames_check'
 [ -f build-release/build.ninja ] || meson setup build-release -Dtoolkit="$toolkit" --buildtype=release >/dev/null
 build build-release
-nm build/libpsshim.so | grep -qE "$checks" || { echo "tests/run.sh: the test build has no debug checks" >&2; exit 1; }
-if nm build-release/libpsshim.so | grep -E "$checks" >&2; then
+grep -qE "$checks" <<<"$(nm build/libpsshim.so)" || { echo "tests/run.sh: the test build has no debug checks" >&2; exit 1; }
+if grep -E "$checks" <<<"$(nm build-release/libpsshim.so)" >&2; then
   echo "tests/run.sh: the release build carries debug checks (above)" >&2
   exit 1
 fi
