@@ -146,7 +146,7 @@ static uint64_t any_victim(struct device *d, struct psa_owner *o, uint64_t at, u
 {
   uint64_t best = UINT64_MAX, best_next = 0;
   bool best_quiet = false;
-  uint32_t known = psp_schedule_chunks(o->sched);
+  uint32_t known = o->sched ? psp_schedule_chunks(o->sched) : 0;
   for (uint64_t i = 0; i < d->space.chunks_high; i++) {
     const struct chunk *c = &d->chunks[i];
     if (i == chunk || !c->span || !on(d, i, PSA_GPU) || c->span->exported || named(keep, i))

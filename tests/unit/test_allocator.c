@@ -933,6 +933,66 @@ static void test_runahead_wait_gives_up(void **state)
   assert_int_equal(in_child(held_back_by_own_lock, NULL), 0);
 }
 
+/* The gate (owner.c): a launch waits until the owner has made the moves the plan issues
+ * before its moment. The plan here evicts chunk A and fetches chunk C into its frame before
+ * moment 1, and A's last use is a kernel held until the test releases it: the launch at
+ * moment 1 must not pass its gate before then, and C is on a GPU frame when it does. */
+static _Atomic bool gate_passed;
+
+static void *wait_at_gate(void *arg)
+{
+  (void)arg;
+  psa_owner_gate(1, NULL);
+  atomic_store(&gate_passed, true);
+  return NULL;
+}
+
+static void owner_gates_launch(void *arg)
+{
+  (void)arg;
+  CUstream s = start_paging("plan", "4M", "64M", 170); /* two GPU frames */
+  size_t sizes[] = {8, 8, 8};
+  CUfunction wait_kernel = fakecuda_register_kernel("wait_released", wait_released_fn, NULL, 3, sizes);
+  CUdeviceptr a, b, c;
+  if (psa_alloc(0, 2 * MiB, s, &a) || psa_alloc(0, 2 * MiB, s, &b) || psa_alloc(0, 2 * MiB, s, &c))
+    exit(171);
+  uint64_t ca = (uint64_t)psa_chunk_of(a, NULL), cc = (uint64_t)psa_chunk_of(c, NULL);
+  if (psa_chunk_where(0, ca) != PSA_GPU || psa_chunk_where(0, cc) != PSA_HOST)
+    exit(172);
+  launch(wait_kernel, a, 2 * MiB, 0, s); /* A's last use, held */
+  struct device *d = &psa_devices[0];
+  psp_move moves[] = {{.at = 1, .chunk = (uint32_t)ca, .dir = PSP_TO_HOST},
+                      {.at = 1, .chunk = (uint32_t)cc, .dir = PSP_TO_GPU, .need = 2, .bytes = 2 * MiB}};
+  psp_plan plan = {.moves = moves, .n_moves = 2};
+  ps_mutex_lock(&d->lock);
+  struct psa_mark *m = psa_mark_new(d, s);
+  if (!m)
+    exit(173);
+  psa_add_user(d, &d->chunks[ca], m); /* as an observed launch's exit leaves it */
+  psa_mark_put(d, m);
+  psa_owner_follow(d, NULL, &plan, NULL, 0, 1, 0, 4); /* from moment 1, a 4-moment iteration */
+  ps_mutex_unlock(&d->lock);
+  pthread_t t;
+  pthread_create(&t, NULL, wait_at_gate, NULL);
+  usleep(300000);
+  bool early = atomic_load(&gate_passed);
+  atomic_store(&released, true);
+  pthread_join(t, NULL);
+  bool fetched = psa_chunk_where(0, cc) == PSA_GPU;
+  ps_mutex_lock(&d->lock);
+  psa_owner_stop(d);
+  ps_mutex_unlock(&d->lock);
+  ps_driver.cuStreamSynchronize(s);
+  fprintf(stderr, "gate: passed before the victim's last use ended %d, C fetched when it passed %d\n", early, fetched);
+  exit(early ? 174 : fetched ? 0 : 175);
+}
+
+static void test_owner_gates_launch(void **state)
+{
+  (void)state;
+  assert_int_equal(in_child(owner_gates_launch, NULL), 0);
+}
+
 /* The guard a move has against work still queued: a stream held up by a kernel that waits
  * for the host (as above) has every weight's read queued behind it, while the loop goes on
  * on another stream. The run-ahead wait gives up on the held stream, so the pager, which
@@ -1558,6 +1618,7 @@ int main(void)
       cmocka_unit_test(test_random_programs_with_pager),
       cmocka_unit_test(test_training_loop_with_pager),
       cmocka_unit_test(test_training_loop_with_owner),
+      cmocka_unit_test(test_owner_gates_launch),
       cmocka_unit_test(test_unseen_copy_stops_paging),
       cmocka_unit_test(test_capture_stops_paging_quietly),
       cmocka_unit_test(test_short_lived_land_on_gpu),
