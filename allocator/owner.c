@@ -63,8 +63,8 @@ static void owner_init_once(struct psa_owner *o)
   pthread_cond_init(&o->progress_cv, NULL);
 }
 
-/* Waits on the condition until `until_ns` (monotonic clock via the cond's default clock:
- * realtime; the wait is bounded, not exact). */
+/* Waits on the condition for at most ns (its clock is the realtime one: the bound is
+ * approximate). */
 static void timed_wait(pthread_cond_t *cv, ps_mutex *mx, uint64_t ns)
 {
   struct timespec t;
@@ -106,7 +106,7 @@ static void want_victim(struct psa_owner *o, uint32_t chunk)
     size_t cap = o->cap ? 2 * o->cap : 64;
     uint32_t *v = realloc(o->victims, cap * sizeof *v);
     if (!v)
-      return; /* the eviction is skipped: a later fetch finds no frame and is skipped too */
+      return; /* the eviction is left out: a fetch that needs a frame picks its own victim */
     o->victims = v;
     o->cap = cap;
   }
@@ -396,16 +396,21 @@ void psa_owner_stop(struct device *d)
   ps_mutex_unlock(&o->lock);
 }
 
-/* Waits on the owner's published_cv until done() or GATE_NS from start; whether it gave up. */
+/* Waits on the owner's published_cv until done() or GATE_NS from start; whether it gave up.
+ * *waited (the time since start) is set only by a wait, so that a launch that found its
+ * moment published takes no device lock to count one. */
 static bool gate_wait(struct psa_owner *o, bool (*done)(const struct psa_owner *, uint64_t), uint64_t moment,
                       uint64_t start, uint64_t *waited)
 {
+  bool slept = false;
   while (atomic_load(&o->running) && !done(o, moment)) {
     if ((*waited = psa_now_ns() - start) >= GATE_NS)
       return true;
     timed_wait(&o->published_cv, &o->lock, GATE_NS - *waited);
+    slept = true;
   }
-  *waited = psa_now_ns() - start;
+  if (slept)
+    *waited = psa_now_ns() - start;
   return false;
 }
 
