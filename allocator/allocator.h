@@ -105,29 +105,20 @@ void psa_usage_reset_high(int ordinal, bool reserved, bool used);
  * nanoseconds.
  * - frames in use by chunks; chunks mapped now, and when live bytes peaked (the fill);
  * - copy_waits: launches that found a move's copy running and waited for it on their stream;
- * - auto's plans once the period is known, and why the ones that stopped early did: no
- *   host chunk to fetch, no GPU chunk that may leave, or none needed later than the fetch
- *   (Belady); swaps passed over as not paying (psp_swap_pays); the margin kept for
- *   short-lived allocations, in frames;
- * - touches: observed chunk touches served from each kind of frame (auto); remaps made
- *   while a launch that read a host frame in place may still run (each many times dearer);
- * - host time of the mover (the thread that pages, mover.c): planning (moves included),
- *   moving (remapping, queueing copies), remapping alone, a plan's survey of the chunks,
- *   polling moves in flight before a plan; waiting for the frame pool to make a frame,
- *   making frames (allocating threads too); the launching threads holding back to
- *   PSSHIM_RUNAHEAD launches ahead, and the run-ahead waits that gave up (the work ahead
- *   waited for the host);
- * - event_queries: cuEventQuery calls the pager made to learn what has run;
- * - late waits: launches that reached a chunk while the mover remapped it, and how long
- *   they waited; launch_ns: the launching threads' whole time in the pager (bracketing
- *   chunks, late waits, and the turns they take, or waking the mover; the run-ahead hold
- *   apart), with auto or plan;
- *   of it, waiting for the device's lock while the mover held it; and the mover's wait
- *   for the lock after each remap (remap_ns is the driver's time alone) and for copies in
- *   flight to drain before a remap; idle spans taken back for their frames, their chunks
- *   (unmapped), and the time taking them back took, finding them included; chunks paged
- *   out to give an allocation a GPU frame (room by age), and the allocating threads' time
- *   making that room (page-outs, waits for their copies); devices whose turns a mover took;
+ * - touches: observed chunk touches served from each kind of frame (auto; one in a host frame
+ *   is read in place); remaps made while a launch that read a host frame in place may still
+ *   run (each many times dearer);
+ * - host time of the moves (move.c): moving (remapping, queueing copies), remapping alone;
+ *   waiting for the frame pool to make a frame, making frames (allocating threads too);
+ * - event_queries: cuEventQuery calls made to learn what has run;
+ * - late waits: launches that reached a chunk while a move remapped it, and how long they
+ *   waited; launch_ns: the launching threads' whole time in the pager (bracketing chunks,
+ *   late waits, waits for their moments); of it, waiting for a device's lock while another
+ *   thread held it; a move's wait for the lock after each remap (remap_ns is the driver's
+ *   time alone) and for copies in flight to drain before a remap; idle spans taken back for
+ *   their frames, their chunks (unmapped), and the time taking them back took, finding them
+ *   included; chunks paged out to give an allocation a GPU frame (room by age, room.c), and
+ *   the allocating threads' time making that room (page-outs, waits for their copies);
  * - sharding: the rounds held (device synchronized, chunks checksummed and compared) and
  *   the time spent in them, chunks made shared and private again, shared chunks paged in
  *   at a touch (pieces kept) and mapped back onto their pieces unchanged, shared chunks
@@ -135,7 +126,7 @@ void psa_usage_reset_high(int ordinal, bool reserved, bool used);
  *   bytes that gave the GPU frames and the time they took (the communicator's making
  *   apart), shared now, this rank's pieces of them (host bytes), and the host bytes it does
  *   not hold thanks to them (now, and at most);
- * - PSSHIM_POLICY=plan (allocator/plan_exec.c): plans made and the time making them took;
+ * - the plan (allocator/plan_exec.c): plans made and the time making them took;
  *   the bytes the plan copies in and out per iteration (predicted, latest plan); iterations
  *   its owner followed, and the bytes the owner's moves copied in and out over them;
  * - the plan's owner (allocator/owner.c): devices with one; its fetches and evictions made,
@@ -152,15 +143,11 @@ void psa_usage_reset_high(int ordinal, bool reserved, bool used);
   X(mapped_at_peak, SUM)                                                                      \
   X(migrations_to_gpu, SUM) X(migrations_to_host, SUM) X(bytes_h2d, SUM) X(bytes_d2h, SUM)    \
   X(copy_waits, SUM) X(touches_gpu, SUM) X(touches_host, SUM) X(remaps_beside_inplace, SUM)    \
-  X(plans, SUM) X(plans_no_fetch, SUM) X(plans_no_victim, SUM) X(plans_belady, SUM)           \
-  X(plans_no_gain, SUM) X(plans_copy_bound, SUM) X(margin_frames, SUM)                        \
-  X(plan_ns, SUM) X(move_ns, SUM) X(remap_ns, SUM) X(scan_ns, SUM) X(poll_ns, SUM)            \
-  X(frame_wait_ns, SUM) X(frame_make_ns, SUM) X(runahead_wait_ns, SUM)                        \
-  X(runahead_timeouts, SUM) X(event_queries, SUM)                                             \
+  X(move_ns, SUM) X(remap_ns, SUM) X(frame_wait_ns, SUM) X(frame_make_ns, SUM)                \
+  X(event_queries, SUM)                                                                       \
   X(late_waits, SUM) X(late_wait_ns, SUM) X(launch_ns, SUM) X(lock_wait_ns, SUM)             \
   X(relock_ns, SUM) X(copy_settle_ns, SUM) X(reclaims, SUM) X(reclaim_chunks, SUM)          \
   X(reclaim_ns, SUM) X(room_page_outs, SUM) X(room_ns, SUM) X(room_wait_ns, SUM)             \
-  X(movers, SUM)                                                                              \
   X(share_rounds, SUM) X(share_round_ns, SUM) X(shares, SUM) X(unshares, SUM)                 \
   X(shared_pageins, SUM) X(shared_clean_leaves, SUM) X(shared_gathers, SUM)                   \
   X(gathered_bytes, SUM) X(gather_ns, SUM) X(comm_init_ns, SUM) X(shared_chunks, SUM)         \
@@ -196,9 +183,9 @@ struct psa_progress {
  * median of each over the iterations of the period trusted last, after its first, whose
  * moves bring the placement into shape). Fills *now with the statistics it took. */
 #define PSA_STEADY_FIELDS(X)                                                                  \
-  X(launch_ns) X(plan_ns) X(remap_ns) X(bytes_h2d) X(bytes_d2h) X(migrations_to_gpu)          \
-  X(migrations_to_host) X(late_waits) X(late_wait_ns) X(touches_host) X(runahead_wait_ns)     \
-  X(move_ns) X(scan_ns) X(frame_make_ns) X(plans) X(reclaims) X(reclaim_ns) X(room_ns)        \
+  X(launch_ns) X(remap_ns) X(bytes_h2d) X(bytes_d2h) X(migrations_to_gpu)                     \
+  X(migrations_to_host) X(late_waits) X(late_wait_ns) X(touches_host)                         \
+  X(move_ns) X(frame_make_ns) X(reclaims) X(reclaim_ns) X(room_ns)                            \
   X(room_wait_ns) X(touches_gpu) X(owner_fetches) X(owner_missed) X(owner_demand_fetches)         \
   X(owner_wait_ns) X(gate_wait_ns) X(remaps_beside_inplace)
 void psa_stats_boundary(bool first, struct psa_stats *now);

@@ -107,21 +107,19 @@ void psa_add_user(struct device *d, struct chunk *c, struct psa_mark *m)
 }
 
 /* A span deleted (spans.c) is idle: its frees' events have passed, and with them the work
- * its chunks' marks stand for. Their uses are forgotten too: the chunks will hold other data. */
+ * its chunks' marks stand for. Their last use is forgotten too: the chunks will hold other data. */
 void psa_span_forget_users(struct device *d, struct span *s)
 {
   for (uint64_t i = s->first_chunk; i < s->first_chunk + s->nchunks; i++) {
     struct chunk *c = &d->chunks[i];
     while (c->nusers)
       psa_mark_put(d, c->users[--c->nusers]);
-    c->use_pos = 0;
-    c->last_use = c->next_use = 0;
-    memset(&d->uses[i], 0, sizeof d->uses[i]);
+    c->last_use = 0;
   }
 }
 
 /* Waits for the work before mark m with d->lock dropped, so that the device's other
- * threads go on meanwhile (a launch, or the mover, that wants the lock would wait out a
+ * threads go on meanwhile (a launch, or the owner, that wants the lock would wait out a
  * copy queued behind others); the reference taken keeps m. */
 CUresult psa_mark_wait_unlocked(struct device *d, struct psa_mark *m)
 {

@@ -7,7 +7,7 @@
  * live ranges are copied between the two frames' fixed staging mappings on a copy stream,
  * and its old frame waits on the deferred list until the copy is done. A launch that
  * touches the chunk before its copy is seen complete makes its stream wait for the copy
- * (mover.c): kernels always find the data in place. */
+ * (launches.c): kernels always find the data in place. */
 #include "allocator/move.h"
 
 #include <stdatomic.h>
@@ -136,15 +136,14 @@ static bool remap(struct device *d, uint64_t chunk, uint32_t from, uint32_t to)
 }
 
 /* Remaps queue behind the copies in flight: one beside copies kept deep in both directions
- * costs many times what it does alone or with one copy queued after each. A thread whose
- * waits hold no launch back (psa_moves_settle: the mover) lets at most MOVER_COPIES_AHEAD
- * run before it remaps. Drops d->lock. */
-#define MOVER_COPIES_AHEAD 8
+ * costs many times what it does alone or with one copy queued after each. The owner
+ * (psa_moves_settle) lets at most OWNER_COPIES_AHEAD run before it remaps. Drops d->lock. */
+#define OWNER_COPIES_AHEAD 8
 
 static void copies_settle(struct device *d)
 {
   PSA_HELD(d);
-  while (psa_moves_settle && d->marks.ncopying >= MOVER_COPIES_AHEAD) {
+  while (psa_moves_settle && d->marks.ncopying >= OWNER_COPIES_AHEAD) {
     uint64_t chunk = d->marks.copying[0];
     struct psa_mark *m = d->chunks[chunk].copy;
     if (!psa_mark_passed(d, m, false)) {

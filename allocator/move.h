@@ -32,8 +32,8 @@ extern struct psa_move_hooks psa_move_hooks;
 
 /* Set once work psshim cannot see may touch any chunk: no move starts again. */
 extern _Atomic bool psa_moves_off;
-/* The calling thread's waits hold no launch back (the mover): before a remap it lets the
- * copies in flight drain to a few (move.c). */
+/* The calling thread is an owner (owner.c): before a remap it lets the copies in flight
+ * drain to a few (move.c). */
 extern PS_THREAD_LOCAL bool psa_moves_settle;
 
 /* Calls below with d->lock held; psa_move and psa_swap_in drop it while they take frames,

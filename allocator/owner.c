@@ -1,5 +1,5 @@
 /* The owner: one thread per device that runs the plan's moves ahead of the launches, once
- * plan_exec.c has made the plan (PSSHIM_POLICY=plan). For each moment of the iteration in
+ * plan_exec.c has made the plan. For each moment of the iteration in
  * order it makes the moves the plan issues before that moment, then publishes the moment;
  * a launch, before it enters, waits until its moment is published. So the chunks the plan
  * fetched for a launch are on GPU frames when it is enqueued (its stream waits for their
@@ -37,6 +37,7 @@ struct psa_owner {
   _Atomic bool running; /* read without the lock by launches that find no owner */
   uint64_t generation; /* a new plan or a stop: the thread drops what it was doing */
   uint64_t first, published, exited_low;
+  uint64_t gave_up_at; /* a launch's wait gave up with `published` here (+1; 0: none) */
   uint64_t exited[RING];
   /* The plan and its schedule, d->lock's: a moment's position is (m - base) % period. */
   const psp_schedule *sched;
@@ -89,7 +90,7 @@ static bool quiet(struct device *d, struct psa_owner *o, uint64_t chunk, uint64_
     if (psa_movable(d, chunk))
       return true;
     if (c->moving || c->span->in_flight)
-      return false; /* an ungated launch, or another mover: not this moment's to wait for */
+      return false; /* an ungated launch, or another move: not this moment's to wait for */
     struct psa_mark *m = c->copy && !c->copy->done ? c->copy : c->nusers ? c->users[0] : NULL;
     if (!m)
       return false;
@@ -162,29 +163,31 @@ static uint64_t any_victim(struct device *d, struct psa_owner *o, uint64_t at, u
 }
 
 /* A fetch: onto a free GPU frame, or onto a due eviction's (swapped), or on demand onto
- * another victim's, never one of `keep`'s. A chunk not allocated yet needs no copy, only a
- * frame free when its allocation comes: the eviction is made and its write-back waited for. */
+ * another victim's, never one of `keep`'s. A chunk not allocated yet, or shared with the
+ * node's ranks, needs no copy, only a frame free when its allocation comes or its touch
+ * pages it in (shard.c): the eviction is made and its write-back waited for. */
 static void fetch(struct device *d, struct psa_owner *o, uint64_t at, uint64_t chunk,
                   const struct psa_launch_chunks *keep, uint64_t generation)
 {
   if (chunk >= d->nchunks)
     return;
   struct chunk *c = &d->chunks[chunk];
-  if (on(d, chunk, PSA_GPU) || (c->span && c->frame == psa_shared_frame(d))) {
+  if (on(d, chunk, PSA_GPU)) {
     d->stats.owner_moot++;
     return;
   }
+  bool copy = c->span && c->frame != psa_shared_frame(d);
   /* The chunk quiet first: the wait drops the lock, and a free frame may be gone after
    * it. Each wait for a victim drops it too: a frame may come free meanwhile (its chunk
    * freed), the victim may be gone, or the chunk busy again (its span growing); then the
    * next try sees what is. */
   for (int tries = 0; tries < 4 && o->generation == generation; tries++) {
-    if (c->span && !quiet(d, o, chunk, generation))
+    if (copy && !quiet(d, o, chunk, generation))
       break;
     if (psa_gpu_frame_available(d)) {
-      if (c->span && psa_move(d, chunk, PSA_GPU) != CUDA_SUCCESS)
+      if (copy && psa_move(d, chunk, PSA_GPU) != CUDA_SUCCESS)
         break;
-      d->stats.owner_fetches += c->span != NULL; /* else its allocation takes the free frame */
+      d->stats.owner_fetches += copy; /* else its allocation or touch takes the free frame */
       return;
     }
     uint64_t v = keep ? UINT64_MAX : take_victim(d, o);
@@ -192,15 +195,15 @@ static void fetch(struct device *d, struct psa_owner *o, uint64_t at, uint64_t c
       d->stats.owner_unplanned_victims++;
     if (v == UINT64_MAX)
       break;
-    if (!quiet(d, o, v, generation) || !on(d, v, PSA_GPU) || (c->span && !psa_movable(d, chunk)))
+    if (!quiet(d, o, v, generation) || !on(d, v, PSA_GPU) || (copy && !psa_movable(d, chunk)))
       continue;
-    if (c->span && on(d, chunk, PSA_HOST) && psa_swap_in(d, chunk, v)) {
+    if (copy && on(d, chunk, PSA_HOST) && psa_swap_in(d, chunk, v)) {
       d->stats.owner_fetches++;
       d->stats.owner_evictions++;
       return;
     }
     /* No swap (or no copy needed): the victim out alone, its write-back waited for, so that
-     * its frame is free for the chunk, or for the chunk's allocation when it comes. */
+     * its frame is free for the chunk, its allocation or its touch. */
     if (on(d, v, PSA_GPU) && psa_move(d, v, PSA_HOST) != CUDA_SUCCESS)
       continue;
     d->stats.owner_evictions += !on(d, v, PSA_GPU);
@@ -208,7 +211,7 @@ static void fetch(struct device *d, struct psa_owner *o, uint64_t at, uint64_t c
     if (out && !out->done)
       psa_mark_wait_unlocked(d, out);
     psa_moves_poll(d);
-    if (!c->span)
+    if (!copy)
       return;
   }
   d->stats.owner_missed++;
@@ -257,7 +260,7 @@ static bool has_moves(struct device *d, struct psa_owner *o, uint64_t m)
 }
 
 /* Serves the launch that asked (o->lock held on entry and on return, dropped meanwhile):
- * its chunks in host frames fetched, its other chunks kept. */
+ * its chunks in host frames (shared ones too) fetched, its other chunks kept. */
 static void serve(struct device *d, struct psa_owner *o)
 {
   struct psa_launch_chunks lc = o->demand;
@@ -266,7 +269,7 @@ static void serve(struct device *d, struct psa_owner *o)
   ps_mutex_lock(&d->lock);
   uint64_t at = (lc.moment - o->base) % o->period;
   for (uint32_t k = 0; k < lc.n && o->generation == generation; k++)
-    if (on(d, lc.chunk[k], PSA_HOST)) {
+    if (psa_chunk_on(d, &d->chunks[lc.chunk[k]], PSA_HOST)) {
       uint64_t fetched = d->stats.owner_fetches;
       fetch(d, o, at, lc.chunk[k], &lc, generation);
       d->stats.owner_demand_fetches += d->stats.owner_fetches - fetched;
@@ -377,6 +380,7 @@ void psa_owner_follow(struct device *d, const psp_schedule *sched, const psp_pla
   o->period = period;
   o->generation++;
   o->first = o->published = o->exited_low = first;
+  o->gave_up_at = 0;
   atomic_store(&o->running, true);
   d->stats.owners = 1;
   pthread_cond_broadcast(&o->progress_cv);
@@ -396,22 +400,27 @@ void psa_owner_stop(struct device *d)
   ps_mutex_unlock(&o->lock);
 }
 
-/* Waits on the owner's published_cv until done() or GATE_NS from start; whether it gave up.
+/* Waits on the owner's published_cv until done(); whether it is. It is not when the owner
+ * stops following, after GATE_NS from start (*gave_up), or at once where a wait gave up
+ * since the owner last published: each later launch lies behind the same stuck work.
  * *waited (the time since start) is set only by a wait, so that a launch that found its
  * moment published takes no device lock to count one. */
 static bool gate_wait(struct psa_owner *o, bool (*done)(const struct psa_owner *, uint64_t), uint64_t moment,
-                      uint64_t start, uint64_t *waited)
+                      uint64_t start, uint64_t *waited, bool *gave_up)
 {
-  bool slept = false;
-  while (atomic_load(&o->running) && !done(o, moment)) {
-    if ((*waited = psa_now_ns() - start) >= GATE_NS)
-      return true;
+  bool slept = false, ok;
+  while (!(ok = done(o, moment)) && atomic_load(&o->running) && o->gave_up_at != o->published + 1) {
+    if ((*waited = psa_now_ns() - start) >= GATE_NS) {
+      o->gave_up_at = o->published + 1;
+      *gave_up = true;
+      break;
+    }
     timed_wait(&o->published_cv, &o->lock, GATE_NS - *waited);
     slept = true;
   }
   if (slept)
     *waited = psa_now_ns() - start;
-  return false;
+  return ok;
 }
 
 static bool published(const struct psa_owner *o, uint64_t moment)
@@ -433,16 +442,16 @@ void psa_owner_gate(uint64_t moment, const struct psa_launch_chunks *lc)
     if (!atomic_load(&o->running))
       continue;
     uint64_t start = psa_now_ns(), waited = 0;
+    bool gave_up = false;
     ps_mutex_lock(&o->lock);
-    bool gave_up = gate_wait(o, published, moment, start, &waited);
     /* Its chunks in host frames, asked for once the plan's moves before it are made. */
-    if (!gave_up && lc && lc->ordinal == i && lc->nhost && moment >= o->first &&
-        !(gave_up = gate_wait(o, unasked, moment, start, &waited))) {
+    if (gate_wait(o, published, moment, start, &waited, &gave_up) && lc && lc->ordinal == i && lc->nhost &&
+        moment >= o->first && gate_wait(o, unasked, moment, start, &waited, &gave_up)) {
       o->demand = *lc;
       o->demand.moment = moment;
       o->asked = true;
       pthread_cond_signal(&o->progress_cv);
-      gave_up = gate_wait(o, unasked, moment, start, &waited);
+      gate_wait(o, unasked, moment, start, &waited, &gave_up);
     }
     ps_mutex_unlock(&o->lock);
     if (waited) {
@@ -472,6 +481,19 @@ void psa_owner_exited(uint64_t moment)
     }
     ps_mutex_unlock(&o->lock);
   }
+}
+
+bool psa_owners_following(void)
+{
+  for (int i = 0; i < PSA_MAX_DEVICES; i++)
+    if (atomic_load_explicit(&owners[i].running, memory_order_relaxed))
+      return true;
+  return false;
+}
+
+bool psa_owner_following(const struct device *d)
+{
+  return atomic_load(&owners[d->ordinal].running);
 }
 
 void psa_owners_setup(void)

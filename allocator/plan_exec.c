@@ -1,5 +1,5 @@
-/* PSSHIM_POLICY=plan: the pager follows policy/'s steady plan for the iteration
- * (psp_plan_make) instead of deciding from each chunk's recent uses.
+/* The plan: policy/'s steady plan for the trusted iteration (psp_plan_make), which the
+ * device's owner runs (owner.c).
  *
  * Once the iteration's period is trusted, the next whole iteration is recorded as a
  * schedule: for each moment (by its position in the iteration, which the wiring gives) the
@@ -9,7 +9,7 @@
  * (owner.c) on it: the owner makes each moment's moves before the moment's launch may go,
  * and puts the chunks the plan never moves where it keeps them at each iteration's start.
  * Correctness never depends on any of it: a chunk left in a host frame is read in place.
- * Until the plan is made, auto decides.
+ * Until the plan is made, placement is static's, with room by age (room.c).
  *
  * A chunk holds nothing live (psp_schedule_empty) between two touches only where its span
  * was made anew between them; a span reused in place for new data is not seen, so freed
@@ -188,7 +188,7 @@ static void make_plan(struct device *d, struct plan_exec *st)
         frames--;
     /* Lag 0: the owner waits for the GPU to pass a victim's last use itself (owner.c). */
     psp_costs costs = {.h2d = PSP_PCIE_H2D, .d2h = PSP_PCIE_D2H, .both = PSP_PCIE_BOTH,
-                       .in_place = (double)ps_options.inplace_rate,
+                       .in_place = PSP_PCIE_IN_PLACE,
                        .moment_ns = ns, .default_ns = DEFAULT_MOMENT_NS, .lag = 0};
     ok = psp_plan_make(st->sched, frames * d->chunk_size, &costs, &st->plan) == 0 && keep_fixes(d, st);
   }
@@ -196,7 +196,7 @@ static void make_plan(struct device *d, struct plan_exec *st)
   d->stats.plan_builds++;
   d->stats.plan_build_ns += psa_now_ns() - start;
   if (!ok) {
-    ps_log(PS_LOG_WARN, "the plan for device %d's iteration could not be made: auto decides",
+    ps_log(PS_LOG_WARN, "the plan for device %d's iteration could not be made: nothing is paged ahead of use",
            d->ordinal);
     st->phase = FAILED;
     return;
@@ -250,18 +250,12 @@ void psa_plan_note(struct device *d, uint64_t chunk, uint64_t period, uint64_t p
   *w = (struct seen){s->first_chunk, s->nchunks, s, w->n ? w->first_touch : (uint32_t)position, (uint32_t)position};
 }
 
-bool psa_plan_follow(struct device *d, uint64_t period, uint64_t position)
-{
-  PSA_HELD(d);
-  struct plan_exec *st = state(d, period, position);
-  return st && st->phase == FOLLOWING; /* the owner moves (owner.c) */
-}
-
 void psa_plan_own(struct device *d, uint64_t period, uint64_t position, uint64_t moment)
 {
   PSA_HELD(d);
   struct plan_exec *st = &execs[d->ordinal];
-  if (!atomic_exchange(&d->pager->owner_due, false) || st->phase != FOLLOWING || period != st->period)
+  if (!atomic_exchange(&d->pager->owner_due, false) || st->phase != FOLLOWING || period != st->period ||
+      atomic_load(&psa_moves_off))
     return;
   if (!st->plan.n_moves && !st->nfix)
     return; /* the iteration fits: no owner, no waits */

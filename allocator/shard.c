@@ -21,7 +21,7 @@
  * ranks keep their mappings of the pieces, which stay alive while any rank maps them.
  *
  * Page-in, gathered: at a round, the shared chunks every rank used in the last iteration
- * come onto GPU frames (free beyond the margin, or those of chunks needed later), as many
+ * come onto GPU frames (free, or made free by paging out what lay unused longest), as many
  * as every rank has one for: each rank copies its own piece in and the ranks all-gather
  * the rest over psshim's NCCL communicator, N x the bandwidth of one rank copying the
  * whole chunk. A gather is collective, so what is gathered is agreed over the star (every
@@ -390,8 +390,8 @@ static void gather_used(struct device *d, uint64_t period)
   uint64_t wanted = 0, gathers = 0;
   for (uint64_t i = 0; i < d->nchunks; i++) {
     const struct chunk *c = &d->chunks[i];
-    st->sums[i] = !st->comm_failed && c->frame == psa_shared_frame(d) &&
-                  psp_predict_next(d->uses[i].at, PSA_USES, d->space.clock, period) != PSP_NEVER;
+    st->sums[i] = !st->comm_failed && c->frame == psa_shared_frame(d) && c->last_use &&
+                  c->last_use + period > d->space.clock;
     wanted += st->sums[i];
   }
   if (!psc_agree_checksums(st->sums, d->nchunks, st->agree)) {
@@ -400,10 +400,9 @@ static void gather_used(struct device *d, uint64_t period)
   }
   for (uint64_t i = 0; i < d->nchunks; i++)
     if (st->agree[i] && d->chunks[i].span) { /* taking a frame may drop the lock: the span may go */
-      st->gather_frame[i] =
-          psa_frame_for(d, period, psp_predict_next(d->uses[i].at, PSA_USES, d->space.clock, period));
+      st->gather_frame[i] = psa_frame_by_age(d);
       if (st->gather_frame[i] == PSA_NO_FRAME)
-        break; /* no frame: the others are not tried (each try scans every chunk) */
+        break; /* no frame: none for the others either */
     }
   /* Taking a frame may drop the lock: a chunk touched meanwhile is this rank's own now. */
   for (uint64_t i = 0; i < d->nchunks; i++) {

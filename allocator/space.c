@@ -202,9 +202,8 @@ static bool setup(struct device *d, int ordinal)
     return false;
   }
   d->chunks = calloc(d->nchunks, sizeof *d->chunks);
-  d->uses = calloc(d->nchunks, sizeof *d->uses);
   d->fr.frames = calloc(d->max_frames + 2, sizeof *d->fr.frames); /* and psa_shared_frame */
-  if (!d->chunks || !d->uses || !d->fr.frames || (psa_space_hooks.setup && !psa_space_hooks.setup(d))) {
+  if (!d->chunks || !d->fr.frames || (psa_space_hooks.setup && !psa_space_hooks.setup(d))) {
     ps_error("out of host memory for chunk tables");
     return false;
   }

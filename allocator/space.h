@@ -2,8 +2,8 @@
  * allocation map, graph capture and the marks on chunks. Private to allocator/.
  *
  * allocator/ is built in floors, each calling only down: the chunk space (this header);
- * one move (move.h: copies, remaps); paging (paging.h: the decisions, the launches'
- * bracketing, the mover thread); sharing (sharing.h: among the node's ranks, and with other
+ * one move (move.h: copies, remaps); paging (paging.h: the launches'
+ * bracketing, the plan and its owner thread); sharing (sharing.h: among the node's ranks, and with other
  * processes); on top the entry points (allocator_internal.h: alloc.c, stats.c). Where a
  * lower floor needs what a higher one does, it calls a hook the higher floor registers
  * (psa_space_hooks here, and one struct per floor above); a NULL hook has nothing to do.
@@ -22,8 +22,6 @@
 #define PSA_NO_FRAME UINT32_MAX
 #define PSA_MAX_MIGRATIONS 128  /* moves whose copies are in flight at once per device */
 #define PSA_USER_MARKS 4        /* streams whose use of a chunk is tracked at once */
-#define PSA_USES 32             /* recent uses remembered per chunk, to predict the next: a
-                                   chunk used more often per iteration counts as always due */
 
 /* Asserts, in debug and test builds, that the calling thread holds d->lock (core.h). */
 #define PSA_HELD(d) ps_mutex_assert_held(&(d)->lock)
@@ -79,7 +77,7 @@ struct span {
                            process may map its frames, so its chunks never move again */
   uint64_t last_alloc;  /* the device's moment clock at its latest allocation */
   struct span *prev, *next; /* in its device's list for `where` */
-  uint32_t in_flight; /* observed launches naming it between their enter and exit (mover.c) */
+  uint32_t in_flight; /* observed launches naming it between their enter and exit (launches.c) */
 };
 
 /* A point in one stream's work, shared (counted) by everything waiting to know it has
@@ -99,19 +97,12 @@ struct chunk {
   bool moving;    /* a move is remapping it with d->lock dropped: nothing else may touch it (move.c) */
   struct span *span;
   struct psa_mark *copy; /* its last move's copy, until seen complete */
-  /* The launches that touched it (mover.c): those that name an allocation it holds part of
+  /* The launches that touched it (launches.c): those that name an allocation it holds part of
    * by the allocation's start, or any pointer into its span that is not an allocation's
    * start (nothing tells how far a kernel reads from such a pointer). */
-  uint32_t nusers, use_pos;
+  uint32_t nusers;
   struct psa_mark *users[PSA_USER_MARKS]; /* after the launches that touched it, by stream */
-  uint64_t last_use;
-  uint64_t next_use; /* predicted from uses (0: not yet), valid while later than the plan */
-};
-
-/* A chunk's latest uses (mover.c), kept apart from struct chunk so that a plan's pass over
- * every chunk reads small records: in one, the uses only of chunks whose prediction is due. */
-struct chunk_uses {
-  uint64_t at[PSA_USES]; /* the latest moments that touched it (+1; 0 = empty), a ring */
+  uint64_t last_use; /* the latest launch that touched it (+1; 0: none) */
 };
 
 struct alloc_entry {
@@ -124,7 +115,7 @@ struct alloc_entry {
 /* One device's allocator state. Lock order (core.h's ranks, checked in debug builds):
  * space.c's setup_lock, then a device's lock (comm/'s node accounting, psc_host_reserve,
  * and the trace are called under it); two devices' locks are held at once only by the fork
- * handler, in rising ordinal (mover.c and alloc.c visit devices one at a time). Each group below
+ * handler, in rising ordinal (launches.c and alloc.c visit devices one at a time). Each group below
  * says what guards it. One lock guards every mutable group: an allocation, a move and a
  * plan each read and write the chunks, their spans, frames, marks and statistics in one
  * step, so finer locks would be taken together on every path, and the drops below would
@@ -154,7 +145,6 @@ struct device {
   bool host_numa; /* HOST_NUMA frames work; else plain HOST */
   bool exportable; /* frames are made exportable as file descriptors (CUDA IPC, ipc.c) */
   struct chunk *chunks; /* entries: d->lock */
-  struct chunk_uses *uses; /* one per chunk: d->lock */
   /* The chunk space and the allocations in it (space.c, spans.c, alloc_map.c): d->lock. */
   struct {
     struct span *spans[3]; /* by where: GPU and HOST lists */
@@ -197,7 +187,7 @@ struct device {
     struct psa_mark *free;
     uint64_t copying[PSA_MAX_MIGRATIONS]; /* chunks whose move's copy is in flight */
     uint32_t ncopying;
-    /* The latest launch that read a chunk in a host frame in place (mover.c): a remap made
+    /* The latest launch that read a chunk in a host frame in place (launches.c): a remap made
      * before it passes runs beside in-place reads, which make it many times dearer. */
     struct psa_mark *inplace;
   } marks;
@@ -281,7 +271,7 @@ CUresult psa_mark_wait_unlocked(struct device *d, struct psa_mark *m);
 bool psa_users_passed(struct device *d, struct chunk *c, bool sync);
 /* Keeps launch mark m on the chunk (see marks.c). */
 void psa_add_user(struct device *d, struct chunk *c, struct psa_mark *m);
-/* A deleted span's chunks forget their marks and uses (see marks.c). */
+/* A deleted span's chunks forget their marks and last use (see marks.c). */
 void psa_span_forget_users(struct device *d, struct span *s);
 /* True once the chunk's last move's copy has completed (sync: wait for it). */
 bool psa_copy_done(struct device *d, uint64_t chunk, bool sync);

@@ -559,8 +559,8 @@ def base_result(a: argparse.Namespace) -> dict:
     }
 
 
-PSSHIM_STEP_FIELDS = ("plan_ns", "move_ns", "remap_ns", "scan_ns", "poll_ns", "frame_wait_ns", "frame_make_ns",
-                      "runahead_wait_ns", "plans", "migrations_to_gpu", "migrations_to_host", "bytes_h2d",
+PSSHIM_STEP_FIELDS = ("move_ns", "remap_ns", "frame_wait_ns", "frame_make_ns", "owner_wait_ns", "gate_wait_ns",
+                      "owner_fetches", "owner_demand_fetches", "migrations_to_gpu", "migrations_to_host", "bytes_h2d",
                       "bytes_d2h", "touches_gpu", "touches_host", "share_rounds", "share_round_ns", "shares",
                       "unshares")
 # Levels at the step's end: whether host frames creep up from step to step.

@@ -9,7 +9,6 @@ timeout:
   psshim-auto    LD_PRELOAD=<--psshim-lib> PSSHIM_GPU_BUDGET=<budget> PSSHIM_POLICY=auto
                  PSSHIM_STATS=<file>.json (bytes_h2d, bytes_d2h, steps are read from it)
   psshim-static  the same with PSSHIM_POLICY=static
-  psshim-plan    the same with PSSHIM_POLICY=plan (not in the default set of methods)
   fsdp-offload   FSDP2 fully_shard + CPUOffloadPolicy(pin_memory=True), world size 1,
                  torch memory fraction = budget (gpt_train.py --fsdp-offload --memory-budget)
   deepspeed-offload  DeepSpeed ZeRO-Offload (ZeRO-2, optimizer on the host, DeepSpeedCPUAdam),
@@ -49,9 +48,8 @@ import benchlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRAIN_SCRIPT = os.path.join(HERE, "gpt_train.py")
-METHODS = ("psshim-auto", "psshim-static", "fsdp-offload", "deepspeed-offload", "native-budget", "psshim-auto-base",
-           "psshim-plan")
-DEFAULT_METHODS = [m for m in METHODS if m != "psshim-plan"]
+METHODS = ("psshim-auto", "psshim-static", "fsdp-offload", "deepspeed-offload", "native-budget", "psshim-auto-base")
+DEFAULT_METHODS = list(METHODS)
 SIZE_FLAGS = ("layers", "hidden", "heads", "seq", "batch", "vocab")
 FSDP_BYTES_NOTE = ("estimate, no counters: fp32 parameters copied host->device in forward and "
                    "again in backward (4+4 B/param), fp32 gradients device->host (4 B/param)")
@@ -87,7 +85,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ratios", type=parse_floats, default=[1.0, 1.25, 1.5, 2.0, 3.0, 4.0],
                    help="peak/budget ratios, comma separated (default: 1,1.25,1.5,2,3,4)")
     p.add_argument("--methods", type=parse_methods, default=DEFAULT_METHODS,
-                   help=f"comma separated subset of {','.join(METHODS)} (default: all but psshim-plan)")
+                   help=f"comma separated subset of {','.join(METHODS)} (default: all)")
     p.add_argument("--timeout", type=float, default=300,
                    help="seconds per run before it is killed (default: 300)")
     p.add_argument("--max-total-s", type=float, default=540,
@@ -480,18 +478,16 @@ def pager_table(sweep: dict) -> str | None:
             benchlib.fmt(r.get("ratio"), "g"), r["method"], str(s.get("migrations_to_gpu", "-")),
             str(s.get("migrations_to_host", "-")), str(s.get("copy_waits", "-")),
             benchlib.fmt(100.0 * s["touches_host"] / touches if touches else None, ".1f"),
-            str(s.get("period", "-")), str(s.get("plans", "-")), str(s.get("plans_no_fetch", "-")),
-            str(s.get("plans_no_victim", "-")), str(s.get("plans_belady", "-")),
-            str(s.get("plans_no_gain", "-")), str(s.get("margin_frames", "-")), ms_per_step("plan_ns"),
-            ms_per_step("move_ns"), ms_per_step("remap_ns"), ms_per_step("runahead_wait_ns"),
-            str(s.get("late_waits", "-")), ms_per_step("late_wait_ns"), ms_per_step("launch_ns")])
+            str(s.get("period", "-")), str(s.get("plan_builds", "-")), str(s.get("owner_fetches", "-")),
+            str(s.get("owner_demand_fetches", "-")), str(s.get("owner_missed", "-")),
+            ms_per_step("move_ns"), ms_per_step("remap_ns"), ms_per_step("owner_wait_ns"),
+            ms_per_step("gate_wait_ns"), str(s.get("late_waits", "-")), ms_per_step("launch_ns")])
     if not rows:
         return None
     return benchlib.format_table(
         ["ratio", "method", "moves in", "moves out", "copy waits", "host touch %", "period",
-         "plans", "no fetch", "no victim", "Belady", "no gain", "margin", "plan ms/step",
-         "move ms/step", "remap ms/step", "wait ms/step", "late waits", "late ms/step",
-         "launch ms/step"], rows)
+         "plans", "owner fetches", "asked", "missed", "move ms/step", "remap ms/step", "owner wait ms/step",
+         "gate wait ms/step", "late waits", "launch ms/step"], rows)
 
 
 def steady_table(sweep: dict) -> str | None:
@@ -601,19 +597,16 @@ def report(a, sweep: dict) -> int:
     pager = pager_table(sweep)
     if pager:
         print("\npsshim's pager (PSSHIM_STATS): moves, launches that waited for a copy, chunk "
-              "touches served from host frames, the adopted period (launches), plans and why "
-              "they stopped (no gain: swaps passed over as not paying), margin (frames), "
-              "host time per step (over all steps) the pager spent planning, moving (copies "
-              "queued and remaps), remapping alone (on the mover thread where the build has "
-              "one), the launching threads held back by the run-ahead bound, launches that "
-              "waited for a remap and how long, and the launching threads' whole time in the "
-              "pager (run-ahead hold apart)")
+              "touches served from host frames, the adopted period (launches), plans made, the "
+              "owner's fetches, those launches asked for, and those it missed; host time per step "
+              "(over all steps) moving (copies queued and remaps), remapping alone, the owner's "
+              "waits for launches and the GPU, the launching threads' waits for their moments, "
+              "launches that waited for a remap, and the launching threads' whole time in the pager")
         print(pager)
     steady = steady_table(sweep)
     if steady:
         print("\npsshim's steady iteration (PSSHIM_STATS: medians over the trusted iterations after "
-              "the first): its wall time, the launching threads' time in the pager (run-ahead hold "
-              "apart) and its share, the allocating threads' time making room by age (not in the "
+              "the first): its wall time, the launching threads' time in the pager and its share, the allocating threads' time making room by age (not in the "
               "pager's), the driver's remap time, the bytes moved each way, beside the "
               "least bytes in (serial bound), and launches that waited for a remap")
         print(steady)

@@ -44,9 +44,6 @@ SOURCES = [os.path.join(HERE, "pipeline.cu"), os.path.join(HERE, "pipeline.h")]
 DEFAULT_BINARY = os.path.join(REPO, "build-pipeline", "pipeline")
 SETTINGS = ("pcie", "compute")
 MODES = ("native", "static", "psshim")
-# Optional modes (--modes): PSSHIM_POLICY=plan, whose owner thread runs the plan ahead of
-# the launches (allocator/owner.c).
-EXTRA_MODES = {"plan": "plan"}
 COMPUTE_OVER_LINK = 2.2
 CALIBRATION_ITERS = 256
 KEEP_ENV = ("PSSHIM_CUPTI", "PSSHIM_LIBCUDA", "PSSHIM_NCCL")
@@ -85,8 +82,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help=f"ITERS of the calibration run (default {CALIBRATION_ITERS})")
     p.add_argument("--settings", default=",".join(SETTINGS), help="comma separated (default: pcie,compute)")
     p.add_argument("--modes", default=",".join(MODES[1:]),
-                   help="psshim's runs beside native, comma separated, of static, psshim (its defaults) and plan "
-                        "(PSSHIM_POLICY=plan) (default: static,psshim)")
+                   help="psshim's runs beside native, comma separated, of static and psshim (its defaults) "
+                        "(default: static,psshim)")
     p.add_argument("--chunk-size", help="PSSHIM_CHUNK_SIZE of every psshim run (default: psshim's)")
     p.add_argument("--timeout", type=float, default=150, help="seconds one run may take (default 150)")
     p.add_argument("--max-total-s", type=float, default=540,
@@ -104,8 +101,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not a.settings or any(s not in SETTINGS for s in a.settings):
         p.error(f"--settings: choose from {', '.join(SETTINGS)}")
     a.modes = [m.strip() for m in a.modes.split(",") if m.strip()]
-    if not a.modes or any(m not in (*MODES[1:], *EXTRA_MODES) for m in a.modes):
-        p.error(f"--modes: choose from {', '.join((*MODES[1:], *EXTRA_MODES))}")
+    if not a.modes or any(m not in MODES[1:] for m in a.modes):
+        p.error(f"--modes: choose from {', '.join(MODES[1:])}")
     if min(a.layers, a.layer_mib, a.passes, a.steps) < 1 or not 0 <= a.warmup < a.steps:
         p.error("--layers, --layer-mib, --passes, --steps must be positive and --warmup below --steps")
     a.weights = a.layers * a.layer_mib << 20
@@ -218,7 +215,7 @@ def make_run(a, setting: str, mode: str, iters, steps: int | None = None, warmup
         return run
     run.budget, run.ratio, run.stats_path = a.budget, a.weights / a.budget, base + ".stats.json"
     budget = f"{a.budget >> 20}M" if a.budget % (1 << 20) == 0 else str(a.budget)
-    policy = {"static": "static", "psshim": None, **EXTRA_MODES}[mode]  # psshim: its defaults
+    policy = {"static": "static", "psshim": None}[mode]  # psshim: its defaults
     chunk = ["--chunk-size", a.chunk_size] if a.chunk_size else []
     if a.preload:
         run.env = {"LD_PRELOAD": a.lib, "PSSHIM_GPU_BUDGET": budget, "PSSHIM_STATS": run.stats_path}
@@ -287,12 +284,9 @@ def checksum_of(rec) -> str | None:
 
 def row(setting: str, iters, recs: dict, bound: dict) -> dict:
     native, static, psshim = (step_of(recs.get(m)) for m in MODES)
-    plan = step_of(recs.get("plan"))
     bound_s = max(native, bound["link_s"]) if native is not None else None
     return {"setting": setting, "iters": iters, "native_s": native, "static_s": static, "psshim_s": psshim,
-            "plan_s": plan, "plan_over_bound": round(plan / bound_s, 3) if plan and bound_s else None,
-            "plan_inplace_touch_pct": (recs.get("plan") or {}).get("inplace_touch_pct"),
-            "bound_s": bound_s, "weights": weights_verdict([checksum_of(recs.get(m)) for m in (*MODES, *EXTRA_MODES) if m in recs]),
+            "bound_s": bound_s, "weights": weights_verdict([checksum_of(recs.get(m)) for m in MODES if m in recs]),
             "inplace_touch_pct": (recs.get("psshim") or {}).get("inplace_touch_pct"),
             "psshim_over_bound": round(psshim / bound_s, 3) if psshim and bound_s else None,
             "static_over_bound": round(static / bound_s, 3) if static and bound_s else None,
@@ -337,8 +331,8 @@ def commit(a) -> str | None:
 def fmt_row(r: dict) -> list:
     f = benchlib.fmt
     return [r["setting"], str(r["iters"]), f(r["native_s"], ".4f"), f(r["static_s"], ".4f"), f(r["psshim_s"], ".4f"),
-            f(r["plan_s"], ".4f"), f(r["bound_s"], ".4f"), f(r["psshim_over_bound"], ".2f"), f(r["plan_over_bound"], ".2f"),
-            r["weights"] or "-", f(r["inplace_touch_pct"], ".1f"), f(r["plan_inplace_touch_pct"], ".1f")]
+            f(r["bound_s"], ".4f"), f(r["psshim_over_bound"], ".2f"), r["weights"] or "-",
+            f(r["inplace_touch_pct"], ".1f")]
 
 
 def main(argv=None) -> int:
@@ -422,8 +416,8 @@ def main(argv=None) -> int:
     print(f"\nwrote {a.out} (runs' output and statistics in {a.runs_dir}); card {doc['card'] or '?'}, build "
           f"{doc['commit'] or '?'}; bound = max(native, {bound['link_s']:.4f} s: the fewest bytes a step at the budget "
           f"moves each way at benchlib's copy rates)\n")
-    print(benchlib.format_table(["setting", "ITERS", "native s", "static s", "psshim s", "plan s", "bound s",
-                                 "psshim/bound", "plan/bound", "weights", "in place %", "plan in place %"],
+    print(benchlib.format_table(["setting", "ITERS", "native s", "static s", "psshim s", "bound s",
+                                 "psshim/bound", "weights", "in place %"],
                                 [fmt_row(r) for r in doc["runs"]]))
     return 0
 

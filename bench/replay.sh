@@ -10,10 +10,8 @@
 # to 3 4. Sizes are divided by REPLAY_SCALE (4) so that the model fits this machine (at 4,
 # ~10 GiB of the fake driver's memory at most, little of it touched), with REPLAY_CHUNK (2M) chunks:
 # 8 MiB ones at full scale. Budget = REPLAY_PEAK (the native allocated peak, 44274838528)
-# / ratio / scale. On the test driver a move costs ~500 us of host time, against 150-250
-# us on the H200, so a use in place is priced at REPLAY_RATE (10G, PSSHIM_INPLACE_RATE)
-# to keep the pay-off tests' ratio. REPLAY_LIB: the library (default build/libpsshim.so);
-# REPLAY_ENV: more settings for the replayed process (e.g. "PSSHIM_MOVER=1").
+# / ratio / scale. REPLAY_LIB: the library (default build/libpsshim.so); REPLAY_ENV: more
+# settings for the replayed process (e.g. "PSSHIM_LOG=info").
 # What it tells is counts (moves, touches of host frames, page-outs' fates), not time.
 # Another program's trace at the budget it ran with (ResNet-50 of the activation set at half
 # its 3.0 GiB peak): REPLAY_SCALE=1 REPLAY_CHUNK=4M REPLAY_PEAK=3212836864 bench/replay.sh TRACE 2
@@ -42,14 +40,15 @@ for ratio in $ratios; do
   # shellcheck disable=SC2086 # REPLAY_ENV is a list of settings
   env LD_LIBRARY_PATH="$build/tests/fakecuda" FAKECUDA_DEVICE_MEM="$(gib "$budget")G" FAKECUDA_HOST_MEM="$(gib "$peak / $scale")G" \
     LD_PRELOAD="$lib" PSSHIM_CUPTI="$build/tests/fakecuda/libcupti.so" PSSHIM_POLICY=auto \
-    PSSHIM_CHUNK_SIZE="${REPLAY_CHUNK:-2M}" PSSHIM_INPLACE_RATE="${REPLAY_RATE:-10G}" PSSHIM_GPU_BUDGET="$budget" \
+    PSSHIM_CHUNK_SIZE="${REPLAY_CHUNK:-2M}" PSSHIM_GPU_BUDGET="$budget" \
     PSSHIM_STATS="$work/stats.json" PSSHIM_TRACE="$work/out.trace" ${REPLAY_ENV:-} \
     "$build/tests/integration/trace_replay" --scale "$scale" "$trace"
   python3 - "$work/stats.json" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))
 keys = ("period", "steady_iterations", "steady_touches_host", "steady_migrations_to_gpu", "steady_migrations_to_host",
-        "steady_reclaims", "movers", "room_page_outs", "room_ahead_page_outs", "room_ns", "steady_room_ns", "margin_frames", "plans", "plans_no_fetch", "plans_no_victim", "plans_belady", "plans_no_gain", "plans_copy_bound", "late_waits", "runahead_timeouts")
+        "steady_reclaims", "room_page_outs", "room_ns", "steady_room_ns", "plan_builds", "owner_fetches",
+        "owner_demand_fetches", "owner_missed", "late_waits", "gate_timeouts")
 print("  " + " ".join(f"{k}={s.get(k)}" for k in keys))
 PY
   "$build/tools/psshim-report" "$work/out.trace" | sed -n '/^PHASES/,/^MOVES/p' | grep -v '^MOVES'

@@ -35,7 +35,6 @@ enum ps_lock_rank {
   PS_RANK_MEETING,       /* allocator/rounds.c: one thread meets the node's ranks */
   PS_RANK_COMM_IPC,      /* comm/ipc.c: the IPC service; never held with a device's lock */
   PS_RANK_SETUP,         /* allocator/space.c: devices being set up */
-  PS_RANK_MOVER,         /* allocator's mover wake-ups: never held with a device's lock */
   PS_RANK_DEVICE,        /* allocator's device locks: PS_RANK_DEVICE + ordinal */
   PS_RANK_OWNER = PS_RANK_DEVICE + 64, /* allocator/owner.c: a device's owner and its launches */
   PS_RANK_IMPORTS,       /* allocator/ipc.c: handles opened from other processes */
@@ -234,10 +233,8 @@ struct ps_moment {
 };
 
 /* ---- options: read once from the environment at start (see options.c for the table) ---- */
-enum ps_policy_kind { PS_POLICY_STATIC = 0, PS_POLICY_AUTO, PS_POLICY_PLAN };
-/* PSSHIM_MOVER: who takes the pager's turns (allocator/pager.c). */
-enum ps_mover_kind { PS_MOVER_OFF = 0, PS_MOVER_ON, PS_MOVER_CROWDED };
-/* A policy's PSSHIM_POLICY value ("static", "auto", "plan"). */
+enum ps_policy_kind { PS_POLICY_STATIC = 0, PS_POLICY_AUTO };
+/* A policy's PSSHIM_POLICY value ("static", "auto"). */
 const char *ps_policy_name(enum ps_policy_kind p);
 struct ps_options {
   uint64_t gpu_budget;       /* bytes of GPU frames; 0 = default (device memory minus reserve) */
@@ -254,9 +251,6 @@ struct ps_options {
   bool disabled;             /* PSSHIM_DISABLE=1: every door passes through */
   const char *trace_path;    /* PSSHIM_TRACE */
   unsigned sample_ms;        /* PSSHIM_SAMPLE_MS */
-  unsigned runahead;         /* PSSHIM_RUNAHEAD: launches the host may enqueue ahead (auto) */
-  uint64_t inplace_rate;     /* PSSHIM_INPLACE_RATE: bytes/s kernels read a host frame in place (auto) */
-  int mover;                 /* PSSHIM_MOVER (enum ps_mover_kind): when a thread per device plans and moves */
   const char *cupti_path;    /* PSSHIM_CUPTI */
   const char *libcuda_path;  /* PSSHIM_LIBCUDA */
   const char *nccl_path;     /* PSSHIM_NCCL: the NCCL of psshim's own communicator */

@@ -29,10 +29,9 @@ struct option_def {
   const char *const *choices;
 };
 
-static const char *const policy_choices[] = {"static", "auto", "plan", NULL}; /* enum ps_policy_kind's order */
+static const char *const policy_choices[] = {"static", "auto", NULL}; /* enum ps_policy_kind's order */
 static const char *const log_choices[] = {"off", "error", "warn", "info", "debug", NULL};
 static const char *const torch_choices[] = {"async", "keep", NULL};
-static const char *const mover_choices[] = {"0", "1", "crowded", NULL}; /* enum ps_mover_kind's order */
 
 static int torch_alloc_choice;
 static const char *stats_text;
@@ -47,17 +46,7 @@ static const struct option_def option_table[] = {
   /* Unset: the allocator picks one for the node (PSA_DEFAULT_CHUNK, allocator/space.c). */
   {"PSSHIM_CHUNK_SIZE", OPT_SIZE, "a non-zero size that is a multiple of 2M (e.g. 16M)",
    NULL, &ps_options.chunk_size, NULL, NULL},
-  {"PSSHIM_POLICY", OPT_CHOICE, "auto, static or plan", "auto", &ps_options.policy, NULL, policy_choices},
-  {"PSSHIM_RUNAHEAD", OPT_UINT, "a whole number of launches from 1 to 60000", "256", &ps_options.runahead, NULL,
-   NULL},
-  /* About what a PCIe 5 x16 link carries each way: a kernel reading a host frame in place
-   * runs at the link's rate. */
-  {"PSSHIM_INPLACE_RATE", OPT_SIZE, "a non-zero size per second (e.g. 40G)", "40G", &ps_options.inplace_rate, NULL,
-   NULL},
-  /* Crowded: a thread of its own pays off only where moves are many (the iteration's own
-   * allocations outgrow the GPU); where they are few, its remaps, made beside kernels
-   * reading host frames in place, cost more than the launching threads' own. */
-  {"PSSHIM_MOVER", OPT_CHOICE, "crowded, 1 or 0", "crowded", &ps_options.mover, NULL, mover_choices},
+  {"PSSHIM_POLICY", OPT_CHOICE, "auto or static", "auto", &ps_options.policy, NULL, policy_choices},
   {"PSSHIM_LOG", OPT_CHOICE, "off, error, warn, info or debug", "error", &ps_options.log_level, NULL,
    log_choices},
   {"PSSHIM_STATS", OPT_OUTPUT, "0, 1 (summary on stderr at exit) or a file path (JSON at exit)", NULL,

@@ -1,5 +1,5 @@
-/* Victim choice: OPT/Belady from the schedule or from predicted next uses, LRU without
- * either; one tie-break for all. */
+/* Victim choice: OPT/Belady from the schedule, LRU without one, or by a rank the caller
+ * gives (psp_sort_farthest); one tie-break for all. */
 #include "policy/internal.h"
 
 #include <stdlib.h>
@@ -86,80 +86,4 @@ void psp_sort_farthest(psp_cand *cands, size_t n, size_t k)
     k = n;
   if (k > 1)
     qsort(cands, k, sizeof *cands, farthest_first);
-}
-
-size_t psp_uses_within(const uint64_t *uses, size_t n, uint64_t now, uint64_t period)
-{
-  size_t within = 0;
-  for (size_t i = 0; i < n; i++)
-    within += uses[i] && uses[i] <= now && now - uses[i] < period;
-  return within;
-}
-
-bool psp_fetch_pays(size_t uses, uint64_t use_ns, uint64_t move_ns)
-{
-  return (uint64_t)uses * use_ns > 2 * move_ns;
-}
-
-bool psp_swap_pays(size_t uses_in, size_t uses_out, uint64_t use_ns, uint64_t move_ns)
-{
-  return uses_in > uses_out && (uint64_t)(uses_in - uses_out) * use_ns > 4 * move_ns;
-}
-
-uint64_t psp_predict_next(const uint64_t *uses, size_t n, uint64_t now, uint64_t period)
-{
-  if (!period)
-    return PSP_NEVER;
-  uint64_t first = PSP_NEVER;
-  size_t within = 0;
-  for (size_t i = 0; i < n; i++)
-    if (uses[i] && uses[i] <= now && now - uses[i] < period) {
-      within++;
-      if (uses[i] < first)
-        first = uses[i];
-    }
-  if (!within)
-    return PSP_NEVER;    /* untouched for a whole iteration */
-  if (within == n)
-    return now + 1;      /* more uses per iteration than remembered: treat as always due */
-  return first + period; /* the earliest use of the last iteration, one period on */
-}
-
-static size_t phase_of(uint64_t now, uint64_t period) { return (size_t)(now % period * PSP_PHASES / period); }
-
-void psp_phase_note(psp_phase_max *m, uint64_t now, uint64_t period, uint64_t value)
-{
-  if (!period)
-    return;
-  if (m->period != period)
-    *m = (psp_phase_max){.period = period};
-  size_t i = phase_of(now, period);
-  uint64_t lap = now / period + 1;
-  if (m->lap[i] != lap) {
-    m->lap[i] = lap;
-    m->max[i] = value;
-  } else if (value > m->max[i]) {
-    m->max[i] = value;
-  }
-}
-
-uint64_t psp_phase_ahead(const psp_phase_max *m, uint64_t now, uint64_t window)
-{
-  if (!m->period)
-    return 0;
-  uint64_t span = window >= m->period ? PSP_PHASES : (window * PSP_PHASES + m->period - 1) / m->period + 1;
-  uint64_t ahead = 0, anywhere = 0;
-  bool seen = false;
-  for (size_t i = 0; i < PSP_PHASES; i++)
-    if (m->lap[i] && m->max[i] > anywhere)
-      anywhere = m->max[i];
-  for (uint64_t j = 0, first = phase_of(now, m->period); j < span && j < PSP_PHASES; j++) {
-    size_t i = (first + j) % PSP_PHASES;
-    if (m->lap[i]) {
-      seen = true;
-      if (m->max[i] > ahead)
-        ahead = m->max[i];
-    }
-  }
-  return seen ? ahead : anywhere;
 }

@@ -119,7 +119,7 @@ typedef struct psp_cand {
   uint64_t bytes;
   uint64_t last_use;  /* latest moment that touched it (LRU) */
   bool dirty;         /* written since paged in: evicting it costs a copy */
-  uint64_t next_use;  /* psp_sort_farthest: its predicted next use */
+  uint64_t next_use;  /* psp_sort_farthest: its rank (a next use, or an age) */
 } psp_cand;
 
 /* Both return an index into cands, or -1 when every candidate is in use at `now`.
@@ -130,47 +130,11 @@ ptrdiff_t psp_victim_opt(const psp_schedule *s, uint64_t now, const psp_cand *ca
 /* LRU, for when there is no schedule: the least recently used; last_use == now is pinned. */
 ptrdiff_t psp_victim_lru(uint64_t now, const psp_cand *cands, size_t n);
 
-/* OPT/Belady on predicted next uses: puts the first k candidates in eviction order (the
- * one used farthest ahead, psp_cand.next_use, first; ties as for the victims above) at the
- * front, sorted; the rest follow in no order. k >= n sorts all. O(n + k log k). */
+/* Puts the first k candidates in eviction order (the largest psp_cand.next_use first: the
+ * one needed farthest ahead, or unused longest, as the caller ranks them; ties as for the
+ * victims above) at the front, sorted; the rest follow in no order. k >= n sorts all.
+ * O(n + k log k). */
 void psp_sort_farthest(psp_cand *cands, size_t n, size_t k);
-
-/* Next use of a chunk from its most recent uses alone (no schedule), assuming the run
- * repeats with `period` moments: the earliest of the uses within the last period, plus the
- * period. PSP_NEVER when none falls within it (or period is 0); now + 1 when all n do (a
- * chunk used more often than remembered is treated as always due). uses may hold zeros
- * (unused slots). */
-uint64_t psp_predict_next(const uint64_t *uses, size_t n, uint64_t now, uint64_t period);
-/* How many of the uses fall within the last period before now (n: used more often per
- * iteration than remembered). */
-size_t psp_uses_within(const uint64_t *uses, size_t n, uint64_t now, uint64_t period);
-
-/* ---- whether a move pays ---- */
-
-/* Costs per iteration, in ns: a chunk left in a host frame costs use_ns each time it is
- * used (read in place across PCIe); a move costs move_ns of the launching thread (copy
- * queued, remap). In a repeating iteration what comes in goes out again, so a fetch into a
- * free frame pays when its uses save more than two moves, and a swap (the fetched chunk in,
- * a victim out) when the uses it saves, less the victim's uses it adds, beat four. */
-bool psp_fetch_pays(size_t uses, uint64_t use_ns, uint64_t move_ns);
-bool psp_swap_pays(size_t uses_in, size_t uses_out, uint64_t use_ns, uint64_t move_ns);
-
-/* ---- a quantity by phase of the iteration (the pager's margin) ---- */
-
-#define PSP_PHASES 64
-/* The period cut into PSP_PHASES slices; each keeps the largest value noted in it during
- * the latest iteration that reached it. Zeroed = empty. */
-typedef struct psp_phase_max {
-  uint64_t period;
-  uint64_t lap[PSP_PHASES]; /* iteration (now / period) + 1 of the slice's value; 0: none */
-  uint64_t max[PSP_PHASES];
-} psp_phase_max;
-/* Notes value at moment now; a different period than before forgets everything. */
-void psp_phase_note(psp_phase_max *m, uint64_t now, uint64_t period, uint64_t value);
-/* The largest value noted in the slices that [now, now + window] falls in, skipping slices
- * never noted; if none of them was, the largest noted anywhere (unknown: be safe). 0 when
- * nothing was noted. */
-uint64_t psp_phase_ahead(const psp_phase_max *m, uint64_t now, uint64_t window);
 
 /* ---- offline replay ---- */
 

@@ -168,7 +168,7 @@ static uint64_t track_iteration(const struct ps_moment *l, uint64_t *moment)
       say_unmanaged(&s, device_used());
     struct pst_record r = {.type = PST_REC_ITERATION,
                            .iteration = {.iteration = it, .period = per, .pager_ns = s.launch_ns,
-                                         .turns_ns = s.plan_ns, .late_waits = s.late_waits,
+                                         .turns_ns = s.move_ns, .late_waits = s.late_waits,
                                          .late_wait_ns = s.late_wait_ns}};
     pst_trace_emit(&r);
     psa_shard_boundary(per);

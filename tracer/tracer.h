@@ -44,9 +44,9 @@
  *               device free bytes
  *     ITERATION u64 iteration | u64 period in launches (0 = not known yet), then (appended;
  *               absent in older traces) the pager's totals so far, summed over devices:
- *               u64 pager_ns (the launching threads' time in the pager, run-ahead hold
- *               apart) | u64 turns_ns (plans and the moves they start, on whichever
- *               thread takes them) | u64 late_waits | u64 late_wait_ns (launches that
+ *               u64 pager_ns (the launching threads' time in the pager, waits for
+ *               their moments included) | u64 turns_ns (the moves' host time, on
+ *               whichever thread makes them) | u64 late_waits | u64 late_wait_ns (launches that
  *               reached a chunk mid-remap, and their wait)
  *     NOTE      text (payload_len bytes, no NUL)
  *     END       (empty) written by a clean close; its absence means the process died.

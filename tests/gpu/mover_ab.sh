@@ -23,14 +23,15 @@ tar czf "$OUT/mover_ab_runs.tar.gz" -C "$W" mover_ab_runs 2>/dev/null
 sed -n "/^ratio  budget/,\$p" "$OUT/mover_ab.log" | grep -v "^\s*$"
 python3 - "$W/mover_ab_runs" <<'PY'
 import glob, json, os, sys
-keys = ("plan_ns", "move_ns", "remap_ns", "migrations_to_gpu", "migrations_to_host", "bytes_h2d", "bytes_d2h",
+keys = ("move_ns", "remap_ns", "migrations_to_gpu", "migrations_to_host", "bytes_h2d", "bytes_d2h",
         "touches_host", "period", "plan_builds", "owner_fetches", "owner_missed", "owner_demand_fetches", "gate_wait_ns",
-        "plan_bytes_in", "plan_laps", "plan_moved_in", "late_waits", "late_wait_ns", "launch_ns", "lock_wait_ns",
-        "relock_ns", "scan_ns", "steady_iterations", "steady_wall_ns", "steady_pager_pct", "steady_launch_ns", "steady_plan_ns",
-        "steady_remap_ns", "steady_bytes_h2d", "steady_bytes_d2h", "steady_late_waits", "steady_move_ns",
-        "steady_scan_ns", "steady_frame_make_ns", "steady_plans", "steady_touches_host", "steady_runahead_wait_ns",
-        "reclaims", "reclaim_chunks", "reclaim_ns", "steady_reclaims", "steady_reclaim_ns",
-        "movers", "margin_frames", "gpu_budget", "room_page_outs", "room_ns", "steady_room_ns", "room_wait_ns", "steady_room_wait_ns")
+        "gate_timeouts", "owner_wait_ns", "plan_bytes_in", "plan_laps", "plan_moved_in", "late_waits", "late_wait_ns",
+        "launch_ns", "lock_wait_ns", "relock_ns", "steady_iterations", "steady_wall_ns", "steady_pager_pct",
+        "steady_launch_ns", "steady_remap_ns", "steady_bytes_h2d", "steady_bytes_d2h", "steady_late_waits",
+        "steady_move_ns", "steady_frame_make_ns", "steady_touches_host", "steady_touches_gpu", "steady_gate_wait_ns",
+        "steady_owner_wait_ns", "steady_owner_demand_fetches", "reclaims", "reclaim_chunks", "reclaim_ns",
+        "steady_reclaims", "steady_reclaim_ns", "gpu_budget", "room_page_outs", "room_ns", "steady_room_ns",
+        "room_wait_ns", "steady_room_wait_ns")
 for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.psshim.json"))):
     s = json.load(open(f))
     print(os.path.basename(f), " ".join(f"{k}={s.get(k, '-')}" for k in keys))

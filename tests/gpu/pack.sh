@@ -6,9 +6,6 @@
 # names the main one.
 # PACK_BASE=COMMIT: also libpsshim-base.so, built from that commit, for before/after runs
 # in one call (bench/paging_sweep.py --psshim-lib-base, method psshim-auto-base).
-# PACK_VARIANTS="NAME ...": also libpsshim-NAME.so, built from HEAD with
-# tests/gpu/variants/NAME.patch applied, for A/B runs in one call (commit your changes
-# first: the variants are built from HEAD, the main library from the working tree).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 [ -f build-gpu/build.ninja ] || meson setup build-gpu --buildtype=release -Dtoolkit="${CUDA_HOME:-/usr/local/cuda}" >/dev/null
@@ -19,22 +16,18 @@ git describe --always --dirty | tee .gpu/commit >.gpu/libpsshim.so.commit
 for lib in $(ldd build-gpu/libpsshim.so build-gpu/tools/psshim-report | awk '/libunwind|libjemalloc/ {print $3}' | sort -u); do
   cp -L "$lib" .gpu/
 done
-# A worktree at `rev` (patch applied when given), its libpsshim.so copied to .gpu/$3.
-build_at() { # rev, patch or "", output name
-  local wt=/tmp/psshim-build-$3
+# A worktree at `rev`, its libpsshim.so copied to .gpu/$2.
+build_at() { # rev, output name
+  local wt=/tmp/psshim-build-$2
   git worktree remove --force "$wt" 2>/dev/null || rm -rf "$wt"
   git worktree add --detach -q "$wt" "$1"
-  [ -z "$2" ] || git -C "$wt" apply "$2"
   meson setup "$wt/build" "$wt" --buildtype=release -Dtoolkit="${CUDA_HOME:-/usr/local/cuda}" >/dev/null
   ninja -C "$wt/build" libpsshim.so >/dev/null
-  cp "$wt/build/libpsshim.so" ".gpu/$3"
-  echo "$(git -C "$wt" rev-parse --short HEAD)${2:+ with $(basename "$2")}" >".gpu/$3.commit"
+  cp "$wt/build/libpsshim.so" ".gpu/$2"
+  git -C "$wt" rev-parse --short HEAD >".gpu/$2.commit"
   git worktree remove --force "$wt"
 }
-[ -z "${PACK_BASE:-}" ] || build_at "$PACK_BASE" "" libpsshim-base.so
-for name in ${PACK_VARIANTS:-}; do
-  build_at HEAD "$PWD/tests/gpu/variants/$name.patch" "libpsshim-$name.so"
-done
+[ -z "${PACK_BASE:-}" ] || build_at "$PACK_BASE" libpsshim-base.so
 ls -la .gpu
 # The device call carries the working tree's tracked and untracked files and .gpu, at most
 # 64 MiB in all, and refuses more: say so here, where results can still be left out.

@@ -89,7 +89,7 @@ else
     "2|psshim: --budget: lots is not valid: PSSHIM_GPU_BUDGET accepts||--budget lots -- $prog 1 1 1"
     "2|psshim: --chunk-size: 3M is not valid: PSSHIM_CHUNK_SIZE accepts||--budget 24M --chunk-size=3M -- $prog 1 1 1"
     "2|psshim: --policy: fast is not valid||--policy fast --log loud -- $prog 1 1 1"
-    "2|psshim: PSSHIM_RUNAHEAD=0 is not valid|PSSHIM_RUNAHEAD=0|--budget 24M -- $prog 1 1 1"
+    "2|psshim: PSSHIM_SAMPLE_MS=0 is not valid|PSSHIM_SAMPLE_MS=0|--budget 24M -- $prog 1 1 1"
     "2|psshim: --budget: 0 is not valid: zero is not allowed; PSSHIM_GPU_BUDGET accepts||--budget 0 -- $prog 1 1 1"
     "2|psshim: --host-budget: 150% is not valid: a percentage is at most 100%;||--host-budget 150% -- $prog 1 1 1"
     "2|psshim: --trace: $tmp/none/x.trace is not valid: $tmp/none: no such directory;||--trace $tmp/none/x.trace -- $prog 1 1 1"

@@ -55,9 +55,8 @@ static void launch(CUfunction f, CUstream s, CUdeviceptr p, uint64_t tag)
 static void start(void)
 {
   setenv("PSSHIM_CHUNK_SIZE", "2M", 1);
-  setenv("PSSHIM_POLICY", "auto", 1); /* launches observed: their marks kept on chunks */
-  setenv("PSSHIM_MOVER", "0", 1);     /* no move but the test's own */
-  setenv("PSSHIM_RUNAHEAD", "64", 1);
+  setenv("PSSHIM_POLICY", "auto", 1); /* launches observed: their marks kept on chunks; all fits, so no
+                                         * move but the test's own */
   setenv("PSSHIM_GPU_BUDGET", "64M", 1);
   setenv("PSSHIM_HOST_BUDGET", "64M", 1);
   char err[256];

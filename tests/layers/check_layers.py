@@ -39,7 +39,7 @@ DOOR_CALL = re.compile(r"(?<![\w.>])(cu[A-Z]\w*|cuda[A-Z]\w*|nccl[A-Z]\w*|psshim
 FLOORS = [
     ("space", "space.h", ["space.c", "frames.c", "spans.c", "alloc_map.c", "capture.c", "marks.c"]),
     ("move", "move.h", ["move.c"]),
-    ("paging", "paging.h", ["pager.c", "mover.c", "plan_exec.c", "owner.c"]),
+    ("paging", "paging.h", ["launches.c", "room.c", "plan_exec.c", "owner.c"]),
     ("sharing", "sharing.h", ["shard.c", "rounds.c", "ipc.c"]),
     ("top", "allocator_internal.h", ["alloc.c", "stats.c"]),
 ]

@@ -265,77 +265,11 @@ static void test_sort_farthest(void **state)
   }
 }
 
-/* The margin by phase: the latest iteration's values per slice, looked up ahead. */
-static void test_phase_max(void **state)
-{
-  (void)state;
-  psp_phase_max m = {0};
-  const uint64_t P = 6400; /* 100 moments per slice */
-  assert_int_equal(psp_phase_ahead(&m, 0, 100), 0);
-  psp_phase_note(&m, 0, 0, 7); /* no period: ignored */
-  assert_int_equal(psp_phase_ahead(&m, 0, 100), 0);
-  /* iteration 1: 10 in slice 3, 50 in slice 40, 20 in slice 41 */
-  psp_phase_note(&m, P + 300, P, 10);
-  psp_phase_note(&m, P + 350, P, 4); /* smaller, same slice and iteration: kept 10 */
-  psp_phase_note(&m, P + 4000, P, 50);
-  psp_phase_note(&m, P + 4100, P, 20);
-  assert_int_equal(psp_phase_ahead(&m, 2 * P + 250, 100), 10); /* slices 2..3: 10 */
-  assert_int_equal(psp_phase_ahead(&m, 2 * P + 3950, 100), 50); /* slices 39..40 */
-  assert_int_equal(psp_phase_ahead(&m, 2 * P + 4100, 50), 20);  /* slices 41..42 */
-  assert_int_equal(psp_phase_ahead(&m, 2 * P + 1000, 100), 50); /* nothing noted there: the most anywhere */
-  assert_int_equal(psp_phase_ahead(&m, 2 * P + 6350, 400), 10); /* slices 63, 0..3: wraps into the next */
-  /* iteration 2 overwrites slice 40 with a smaller value */
-  psp_phase_note(&m, 2 * P + 4050, P, 5);
-  assert_int_equal(psp_phase_ahead(&m, 3 * P + 4000, 0), 5);
-  /* a new period forgets */
-  psp_phase_note(&m, 10, 1000, 3);
-  assert_int_equal(psp_phase_ahead(&m, 2010, 0), 3);
-  assert_int_equal(psp_phase_ahead(&m, 2500, 10), 3); /* unknown slice: the most anywhere */
-}
-
-/* Whether a move pays: a use in place costs 400 us (16 MiB at ~40 GB/s), a move 300 us. */
-static void test_move_pays(void **state)
-{
-  (void)state;
-  const uint64_t use = 400000, move = 300000;
-  assert_false(psp_fetch_pays(1, use, move)); /* 400 < two moves (600) */
-  assert_true(psp_fetch_pays(2, use, move));  /* 800 > 600 */
-  assert_false(psp_fetch_pays(0, use, 0));    /* unused: nothing to save, even for free */
-  assert_true(psp_fetch_pays(1, use, 0));     /* moves not yet measured: free */
-  /* a swap pays for its four moves (1200) only with what it saves beyond the victim's uses */
-  assert_false(psp_swap_pays(3, 1, use, move)); /* 2 x 400 = 800 */
-  assert_true(psp_swap_pays(5, 1, use, move));  /* 4 x 400 = 1600 */
-  assert_false(psp_swap_pays(1, 3, use, 0));    /* more uses out than in: a loss, even for free */
-  assert_false(psp_swap_pays(2, 2, use, 0));
-  assert_true(psp_swap_pays(3, 2, use, 0));
-  /* at the boundary: exactly the moves' cost is no gain */
-  assert_false(psp_fetch_pays(3, 200000, 300000));
-  assert_false(psp_swap_pays(4, 1, 400000, 300000));
-}
-
 /* Each inequality of evict.c one unit either side of its edge. */
 static void test_evict_edges(void **state)
 {
   (void)state;
-  /* a move pays when what it saves is more than the moves, by one nanosecond */
-  assert_false(psp_fetch_pays(3, 200000, 300000));
-  assert_true(psp_fetch_pays(3, 200001, 300000));
-  assert_false(psp_swap_pays(4, 1, 400000, 300000));
-  assert_true(psp_swap_pays(4, 1, 400001, 300000));
-  assert_false(psp_swap_pays(2, 2, 1, 0)); /* as many uses out as in: never */
-  assert_true(psp_swap_pays(3, 2, 1, 0));
-  /* a use counts within the last period from now back to now - period + 1 */
-  const uint64_t P = 100, now = 500;
-  const uint64_t edge[][2] = {{now, 1}, {now + 1, 0}, {now - P + 1, 1}, {now - P, 0}};
-  for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++) {
-    uint64_t uses[2] = {edge[i][0], 0};
-    assert_int_equal(psp_uses_within(uses, 2, now, P), edge[i][1]);
-    assert_int_equal(psp_predict_next(uses, 2, now, P), edge[i][1] ? edge[i][0] + P : PSP_NEVER);
-  }
-  uint64_t full[2] = {now - P + 1, now}; /* every slot within: always due */
-  assert_int_equal(psp_predict_next(full, 2, now, P), now + 1);
-  full[0] = now - P;
-  assert_int_equal(psp_predict_next(full, 2, now, P), now + P);
+  const uint64_t now = 500;
   /* LRU: used at now is pinned, used the moment before is not */
   psp_cand lru[] = {{.chunk = 0, .bytes = 1, .last_use = now}, {.chunk = 1, .bytes = 1, .last_use = now - 1}};
   assert_int_equal(psp_victim_lru(now, lru, 2), 1);
@@ -374,41 +308,13 @@ static void test_evict_edges(void **state)
   assert_int_equal(both[0].chunk, 0);
 }
 
-/* Next use from recent uses: against the truth of a strictly periodic use pattern. */
-static void test_predict_next(void **state)
-{
-  (void)state;
-  const uint64_t P = 100;
-  /* used at phases 10 and 60 of every iteration; now = phase 70 of iteration 3 */
-  uint64_t uses[4] = {310, 360, 210, 0};
-  assert_int_equal(psp_predict_next(uses, 4, 370, P), 410); /* the use at 310, one period on */
-  assert_int_equal(psp_predict_next(uses, 4, 409, P), 410);
-  assert_int_equal(psp_predict_next(uses, 4, 415, P), 460); /* past 410: 360 is the earliest within */
-  assert_int_equal(psp_predict_next(uses, 4, 470, P), PSP_NEVER); /* nothing in the last period */
-  assert_int_equal(psp_predict_next(uses, 4, 370, 0), PSP_NEVER); /* no period known */
-  assert_int_equal(psp_uses_within(uses, 4, 370, P), 2); /* 310 and 360 */
-  assert_int_equal(psp_uses_within(uses, 4, 415, P), 1); /* 360 */
-  assert_int_equal(psp_uses_within(uses, 4, 305, P), 1); /* 210; 310 and 360 are later */
-  uint64_t busy[4] = {366, 367, 368, 369}; /* every slot within the period: always due */
-  assert_int_equal(psp_predict_next(busy, 4, 370, P), 371);
-  /* against brute force on a periodic pattern: one use at phase k of each iteration */
-  for (uint64_t k = 0; k < P; k += 7)
-    for (uint64_t now = 2 * P; now < 4 * P; now += 3) {
-      uint64_t last = (now / P) * P + k <= now ? (now / P) * P + k : (now / P - 1) * P + k;
-      uint64_t ring[4] = {last, last - P, last - 2 * P, 0};
-      assert_int_equal(psp_predict_next(ring, 4, now, P), last + P);
-    }
-}
-
 int main(void)
 {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_build),          cmocka_unit_test(test_next_use_wraps),
       cmocka_unit_test(test_next_use_brute), cmocka_unit_test(test_margin_brute),
       cmocka_unit_test(test_victim_opt),     cmocka_unit_test(test_victim_lru),
-      cmocka_unit_test(test_predict_next),   cmocka_unit_test(test_move_pays),
-      cmocka_unit_test(test_sort_farthest),
-      cmocka_unit_test(test_phase_max),      cmocka_unit_test(test_evict_edges),
+      cmocka_unit_test(test_sort_farthest),  cmocka_unit_test(test_evict_edges),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
