@@ -96,12 +96,31 @@ static void test_chunk_is_its_pages(void **state)
   free(p);
 }
 
+/* Two words of a page changed at once, in the sign bit of a double (bit 63) or of the float in
+ * their lower half (bit 31), every pair: data that differs in two signs is not shared. */
+static void test_two_signs_of_a_page(void **state)
+{
+  (void)state;
+  unsigned char *p = random_bytes(PSA_SUM_PAGE);
+  const uint64_t base = psa_shard_sum(SEED, p, PSA_SUM_PAGE);
+  for (int byte = 3; byte <= 7; byte += 4)
+    for (size_t a = 0; a < PSA_SUM_PAGE; a += 8)
+      for (size_t b = a + 8; b < PSA_SUM_PAGE; b += 8) {
+        p[a + byte] ^= 0x80, p[b + byte] ^= 0x80;
+        if (psa_shard_sum(SEED, p, PSA_SUM_PAGE) == base)
+          fail_msg("bit 7 of bytes %zu and %zu changed together leave a page's checksum as it was", a + byte, b + byte);
+        p[a + byte] ^= 0x80, p[b + byte] ^= 0x80;
+      }
+  free(p);
+}
+
 int main(void)
 {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_every_offset_of_a_page),
       cmocka_unit_test(test_every_page_of_a_chunk),
       cmocka_unit_test(test_chunk_is_its_pages),
+      cmocka_unit_test(test_two_signs_of_a_page),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
