@@ -8,7 +8,7 @@
  * - a range freed on a thread's per-thread default stream, its last use still queued there,
  *   is not handed at once to another thread's (the same handle, another stream);
  * - nor is one freed on the legacy stream handed at once to a non-blocking stream, which
- *   does not wait for the legacy stream's work.
+ *   does not wait for the legacy stream's work, nor one freed on a stream to another.
  * Each case runs in a child process: the allocator's configuration is per process. */
 #include "allocator/allocator.h"
 #include "allocator/move.h"
@@ -232,13 +232,15 @@ static void on_thread(void *(*fn)(void *), void *arg)
 struct reuse_case {
   CUstream freed, other;
 };
+#define NEW_STREAM ((CUstream)(uintptr_t)0x10) /* in a reuse_case: a non-blocking stream made for it */
 
 static void reuse_after_free(void *arg)
 {
   const struct reuse_case *c = arg;
   start();
   struct reuse_work a = {.stream = c->freed}, b = {.stream = c->other};
-  if (b.stream == NULL && ps_driver.cuStreamCreate(&b.stream, CU_STREAM_NON_BLOCKING)) /* NULL: a non-blocking one */
+  if ((a.stream == NEW_STREAM && ps_driver.cuStreamCreate(&a.stream, CU_STREAM_NON_BLOCKING)) ||
+      (b.stream == NEW_STREAM && ps_driver.cuStreamCreate(&b.stream, CU_STREAM_NON_BLOCKING)))
     exit(50);
   on_thread(free_behind_touch, &a);
   on_thread(alloc_on, &b);
@@ -262,7 +264,16 @@ static void test_per_thread_default_stream_frees(void **state)
 static void test_legacy_free_not_reused_by_non_blocking(void **state)
 {
   (void)state;
-  struct reuse_case c = {CU_STREAM_LEGACY, NULL};
+  struct reuse_case c = {CU_STREAM_LEGACY, NEW_STREAM};
+  assert_int_equal(in_child(reuse_after_free, &c), 0);
+}
+
+/* cudaFreeAsync on stream A, then an allocation on stream B: B is not ordered after A's
+ * free, so it must not take the bytes before A passed it. */
+static void test_async_free_not_reused_by_another_stream(void **state)
+{
+  (void)state;
+  struct reuse_case c = {NEW_STREAM, NEW_STREAM};
   assert_int_equal(in_child(reuse_after_free, &c), 0);
 }
 
@@ -273,6 +284,7 @@ int main(void)
       cmocka_unit_test(test_legacy_default_stream_marks),
       cmocka_unit_test(test_per_thread_default_stream_frees),
       cmocka_unit_test(test_legacy_free_not_reused_by_non_blocking),
+      cmocka_unit_test(test_async_free_not_reused_by_another_stream),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
