@@ -70,8 +70,20 @@ static PS_THREAD_LOCAL uint64_t placing; /* the capture of the allocation this t
 
 void psa_placing_capture(uint64_t capture) { placing = capture; }
 
+CUstream psa_stream_key(CUstream stream)
+{
+  static _Atomic uint64_t threads;
+  static PS_THREAD_LOCAL uint64_t thread; /* never reused, unlike a dead thread's id */
+  if (stream != CU_STREAM_PER_THREAD)
+    return stream;
+  if (!thread)
+    thread = atomic_fetch_add(&threads, 1) + 1;
+  return (CUstream)(uintptr_t)(0xFFF0000000000000ull | thread); /* no pointer, no handle psshim names */
+}
+
 bool psa_range_usable(const struct range *r, CUstream stream)
 {
+  stream = psa_stream_key(stream);
   if (r->graph) /* the graph's: only later work of its own capture, on the same stream */
     return r->graph == placing && placing < PSA_CAPTURE_UNKNOWN && r->stream == stream;
   /* Outside the capture the stream's pending frees are ordered before what it queues;

@@ -189,6 +189,36 @@ static uint64_t mix(uint64_t h, uint64_t v)
   return h * 0xBF58476D1CE4E5B9ull;
 }
 
+static uint64_t rotl(uint64_t x, int r) { return x << r | x >> (64 - r); }
+
+/* One page (at most PSA_SUM_PAGE bytes) into h. Four independent lanes: one chain of
+ * multiplies hashed too slowly for a DDP rank's first round over tens of GiB of host frames
+ * (seconds). Each step is a bijection of its lane and of its word: a difference in one word
+ * is never lost within the lane. The word is multiplied before it is added and the lane
+ * rotated: with the word only xored in, a difference in bit 63 stays bit 63 alone, and two
+ * words differing there (the signs of two doubles 32 bytes apart) cancel. */
+static uint64_t sum_page(uint64_t h, const unsigned char *p, uint64_t n)
+{
+  uint64_t i = 0, w, lane[4] = {1, 2, 3, 4};
+  for (; i + 32 <= n; i += 32)
+    for (int k = 0; k < 4; k++) {
+      memcpy(&w, p + i + 8 * k, 8);
+      lane[k] = rotl(lane[k] + w * 0xC2B2AE3D27D4EB4Full, 31) * 0x9E3779B185EBCA87ull;
+    }
+  for (int k = 0; k < 4; k++)
+    h = mix(h, lane[k]);
+  for (; i < n; i++)
+    h = mix(h, p[i]);
+  return h;
+}
+
+uint64_t psa_shard_sum(uint64_t h, const unsigned char *p, uint64_t n)
+{
+  for (uint64_t at = 0; at < n; at += PSA_SUM_PAGE)
+    h = sum_page(h, p + at, n - at < PSA_SUM_PAGE ? n - at : PSA_SUM_PAGE);
+  return h;
+}
+
 /* Of the chunk's live bytes only (freed bytes differ among ranks and do not matter), with
  * their offsets; never 0, which means "not a candidate". */
 static uint64_t checksum(struct device *d, struct psa_shard *st, uint64_t chunk)
@@ -201,23 +231,8 @@ static uint64_t checksum(struct device *d, struct psa_shard *st, uint64_t chunk)
   if (PS_CU(ps_driver.cuStreamSynchronize(st->stream)))
     return 0;
   uint64_t h = 0;
-  for (at = lo; psa_live_next(d, chunk, &at, &end); at = end) {
-    h = mix(h, at - lo);
-    const unsigned char *p = st->scratch + (at - lo);
-    uint64_t n = end - at, i = 0, w, lane[4] = {1, 2, 3, 4};
-    /* Four independent lanes: one chain of multiplies hashed too slowly for a DDP rank's
-     * first round over tens of GiB of host frames (seconds). Each step is a bijection of its
-     * lane: a difference in one word is never lost within the lane. */
-    for (; i + 32 <= n; i += 32)
-      for (int k = 0; k < 4; k++) {
-        memcpy(&w, p + i + 8 * k, 8);
-        lane[k] = (lane[k] ^ w) * 0x9E3779B97F4A7C15ull;
-      }
-    for (int k = 0; k < 4; k++)
-      h = mix(h, lane[k]);
-    for (; i < n; i++)
-      h = mix(h, p[i]);
-  }
+  for (at = lo; psa_live_next(d, chunk, &at, &end); at = end)
+    h = psa_shard_sum(mix(h, at - lo), st->scratch + (at - lo), end - at);
   return h ? h : 1;
 }
 

@@ -30,6 +30,11 @@ void psa_shard_drop(struct device *d, uint64_t chunk);
 void psa_shard_stop(void);
 /* A sharing round at a meeting, when one is due. */
 void psa_shard_round(uint64_t period);
+/* The sharing checksum of n bytes at p, continuing h: page by page (PSA_SUM_PAGE bytes), each
+ * page's hash a function of its bytes alone, mixed into h in order. So a test can change every
+ * byte of a page one at a time, and every page of a chunk, in seconds rather than hours. */
+#define PSA_SUM_PAGE 4096
+uint64_t psa_shard_sum(uint64_t h, const unsigned char *p, uint64_t n);
 
 /* rounds.c: the ranks meet for the boundaries met since the last meeting, in order, at an
  * allocation or a free (called without locks; waits for the other ranks,

@@ -60,7 +60,7 @@ struct frame {
 struct range {
   uint64_t off, len;
   bool pending;
-  CUstream stream;
+  CUstream stream; /* its key (psa_stream_key): the per-thread default stream named per thread */
   CUevent event;
   uint64_t graph; /* held for a captured graph (capture.c): its capture, or PSA_AFTER_CAPTURE */
 };
@@ -306,6 +306,9 @@ void psa_unrelax(struct psa_relaxed *r);
 void psa_placing_capture(uint64_t capture);
 /* Whether an allocation on `stream` may take free range r now. */
 bool psa_range_usable(const struct range *r, CUstream stream);
+/* What tells one stream from another in a free range: the handle, but the per-thread default
+ * stream's handle names a different stream on every thread, so it is made the thread's own. */
+CUstream psa_stream_key(CUstream stream);
 
 /* alloc_map.c */
 bool psa_map_put(struct device *d, CUdeviceptr p, uint64_t size, struct span *s);

@@ -203,7 +203,7 @@ void psa_span_release(struct device *d, struct span *s, uint64_t off, uint64_t s
   }
   memmove(&s->ranges[lo + 1], &s->ranges[lo], (s->nranges - lo) * sizeof *s->ranges);
   s->ranges[lo] = (struct range){
-      .off = off, .len = size, .pending = ev || graph, .stream = stream, .event = ev, .graph = graph};
+      .off = off, .len = size, .pending = ev || graph, .stream = psa_stream_key(stream), .event = ev, .graph = graph};
   s->nranges++;
   normalize(d, s, lo, true);
   psa_span_check(d, s);

@@ -2,8 +2,8 @@
  * cudaFree and cuMemFree_v2 of psshim's memory wait for the device as CUDA's do, so work
  * queued on any stream (here a slow kernel on a non-blocking stream, writing a host flag)
  * has finished when they return; cudaFreeAsync and cuMemFreeAsync are stream-ordered and
- * return without waiting for another stream's work. Each check prints its name; any
- * failure exits non-zero. */
+ * return without waiting for another stream's work; after a capture that ended invalidated
+ * the synchronous frees wait again. Each check prints its name; any failure exits non-zero. */
 #define SIM_NAME "free_sim"
 #include "tests/integration/check.h"
 #include "tests/integration/sim.h"
@@ -70,5 +70,22 @@ int main(void)
   CHECK("cuMemFreeAsync on another stream returns without waiting for it",
         pending && r == CUDA_SUCCESS && !atomic_load(&done));
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+
+  /* A capture that ends invalidated has ended: a free waits for the device again (while one
+   * is underway it must not, and leaves its bytes until none is). The query of the capturing
+   * stream conflicts with the capture and invalidates it. */
+  void *q = NULL;
+  check(cudaMalloc(&q, 1 << 20), "cudaMalloc");
+  CUgraph cugraph = NULL;
+  check(cuStreamBeginCapture_v2((CUstream)other, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS ? cudaSuccess
+                                                                                                : cudaErrorUnknown,
+        "cuStreamBeginCapture_v2");
+  (void)cuStreamQuery((CUstream)other);
+  r = cuStreamEndCapture((CUstream)other, &cugraph);
+  CHECK("a capture queried midway ends invalidated", r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  pending = queue_slow(s);
+  r = cuMemFree_v2((CUdeviceptr)(uintptr_t)q);
+  CHECK("cuMemFree_v2 after a capture that ended invalidated waits for the device",
+        pending && r == CUDA_SUCCESS && atomic_load(&done));
   return failures ? 1 : 0;
 }

@@ -4,7 +4,11 @@
  *   on every thread: a launch's mark on one thread's stands not for another thread's, so a
  *   chunk that another thread's queued kernel will touch is not quiescent, and is not moved;
  * - the legacy default stream (NULL) is one stream for all threads: a later mark there
- *   stands for an earlier one, and the chunk moves once it has passed.
+ *   stands for an earlier one, and the chunk moves once it has passed;
+ * - a range freed on a thread's per-thread default stream, its last use still queued there,
+ *   is not handed at once to another thread's (the same handle, another stream);
+ * - nor is one freed on the legacy stream handed at once to a non-blocking stream, which
+ *   does not wait for the legacy stream's work, nor one freed on a stream to another.
  * Each case runs in a child process: the allocator's configuration is per process. */
 #include "allocator/allocator.h"
 #include "allocator/move.h"
@@ -176,11 +180,110 @@ static void test_legacy_default_stream_marks(void **state)
   assert_int_equal(in_child(marks_per_thread, (void *)CU_STREAM_LEGACY), 0);
 }
 
+#define REUSE_SIZE (64 * 1024)
+
+struct reuse_work {
+  CUstream stream;
+  CUdeviceptr p;
+};
+
+/* Thread A, on its stream: allocates p, then frees it behind a stall and a touch of it (the
+ * touch still queued); the same stream takes the range back at once (later work there runs
+ * after the free: the test can see a reuse) and frees it again. */
+static void *free_behind_touch(void *arg)
+{
+  struct reuse_work *w = arg;
+  CUdeviceptr again = 0;
+  if (cuCtxSetCurrent(ctx) || psa_alloc(0, REUSE_SIZE, w->stream, &w->p) || ps_driver.cuCtxSynchronize())
+    exit(40);
+  launch(stall_k, w->stream, 0, 0);
+  launch(touch_k, w->stream, w->p, 1);
+  if (psa_free(w->p, w->stream, false) || psa_alloc(0, REUSE_SIZE, w->stream, &again))
+    exit(41);
+  if (again != w->p) {
+    fprintf(stderr, "free_behind_touch: the stream that freed the range did not take it back\n");
+    exit(42);
+  }
+  if (psa_free(again, w->stream, false))
+    exit(43);
+  return NULL;
+}
+
+/* Thread B: allocates on its stream. */
+static void *alloc_on(void *arg)
+{
+  struct reuse_work *w = arg;
+  if (cuCtxSetCurrent(ctx) || psa_alloc(0, REUSE_SIZE, w->stream, &w->p))
+    exit(44);
+  return NULL;
+}
+
+static void on_thread(void *(*fn)(void *), void *arg)
+{
+  pthread_t t;
+  if (pthread_create(&t, NULL, fn, arg) || pthread_join(t, NULL))
+    exit(45);
+}
+
+/* A range freed on thread A's stream `freed`, its last use still queued there, must not be
+ * handed to thread B's allocation on `other`, a stream not ordered after it: B's kernels
+ * could write the bytes before A's queued use reads them. */
+struct reuse_case {
+  CUstream freed, other;
+};
+#define NEW_STREAM ((CUstream)(uintptr_t)0x10) /* in a reuse_case: a non-blocking stream made for it */
+
+static void reuse_after_free(void *arg)
+{
+  const struct reuse_case *c = arg;
+  start();
+  struct reuse_work a = {.stream = c->freed}, b = {.stream = c->other};
+  if ((a.stream == NEW_STREAM && ps_driver.cuStreamCreate(&a.stream, CU_STREAM_NON_BLOCKING)) ||
+      (b.stream == NEW_STREAM && ps_driver.cuStreamCreate(&b.stream, CU_STREAM_NON_BLOCKING)))
+    exit(50);
+  on_thread(free_behind_touch, &a);
+  on_thread(alloc_on, &b);
+  if (b.p == a.p && atomic_load(&touched) == 0) {
+    fprintf(stderr, "reuse_after_free: the range freed on %p, its use still queued, went at once to another "
+            "thread's %p\n", (void *)c->freed, (void *)b.stream);
+    exit(51);
+  }
+  if (ps_driver.cuCtxSynchronize() || atomic_load(&touched) != 1 || psa_free(b.p, b.stream, false) ||
+      ps_driver.cuCtxSynchronize())
+    exit(52);
+}
+
+static void test_per_thread_default_stream_frees(void **state)
+{
+  (void)state;
+  struct reuse_case c = {CU_STREAM_PER_THREAD, CU_STREAM_PER_THREAD};
+  assert_int_equal(in_child(reuse_after_free, &c), 0);
+}
+
+static void test_legacy_free_not_reused_by_non_blocking(void **state)
+{
+  (void)state;
+  struct reuse_case c = {CU_STREAM_LEGACY, NEW_STREAM};
+  assert_int_equal(in_child(reuse_after_free, &c), 0);
+}
+
+/* cudaFreeAsync on stream A, then an allocation on stream B: B is not ordered after A's
+ * free, so it must not take the bytes before A passed it. */
+static void test_async_free_not_reused_by_another_stream(void **state)
+{
+  (void)state;
+  struct reuse_case c = {NEW_STREAM, NEW_STREAM};
+  assert_int_equal(in_child(reuse_after_free, &c), 0);
+}
+
 int main(void)
 {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_per_thread_default_stream_marks),
       cmocka_unit_test(test_legacy_default_stream_marks),
+      cmocka_unit_test(test_per_thread_default_stream_frees),
+      cmocka_unit_test(test_legacy_free_not_reused_by_non_blocking),
+      cmocka_unit_test(test_async_free_not_reused_by_another_stream),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
