@@ -993,6 +993,59 @@ static void test_owner_gates_launch(void **state)
   assert_int_equal(in_child(owner_gates_launch, NULL), 0);
 }
 
+/* A launch that reaches a chunk while a move remaps it (the move drops the device's lock
+ * for the driver's unmap and map) waits for the remap: here another thread moves the
+ * chunk out, each mapping taking 300 ms, and a launch touching it comes during the remap.
+ * The test driver aborts on work queued onto a range being remapped, and the kernel checks
+ * every byte. */
+static CUdeviceptr moved_ptr;
+
+static void *move_out(void *arg)
+{
+  ps_driver.cuCtxSetCurrent((CUcontext)arg);
+  int ordinal;
+  if (psa_chunk_migrate(0, (uint64_t)psa_chunk_of(moved_ptr, &ordinal), PSA_HOST) != CUDA_SUCCESS)
+    exit(182);
+  return NULL;
+}
+
+static void launch_meets_remap(void *arg)
+{
+  (void)arg;
+  setenv("FAKECUDA_REMAP_DELAY_US", "300000", 1);
+  CUstream s = start_paging("auto", "64M", "64M", 180);
+  if (psa_alloc(0, 2 * MiB, s, &moved_ptr))
+    exit(181);
+  launch(fill_kernel, moved_ptr, 2 * MiB, 7, s);
+  ps_driver.cuStreamSynchronize(s);
+  CUcontext ctx;
+  ps_driver.cuCtxGetCurrent(&ctx);
+  pthread_t t;
+  pthread_create(&t, NULL, move_out, ctx);
+  struct device *d = &psa_devices[0];
+  int ordinal;
+  uint64_t chunk = (uint64_t)psa_chunk_of(moved_ptr, &ordinal);
+  for (bool moving = false; !moving; usleep(1000)) { /* the remap under way, its lock dropped */
+    ps_mutex_lock(&d->lock);
+    moving = d->chunks[chunk].moving;
+    ps_mutex_unlock(&d->lock);
+  }
+  launch(check_kernel, moved_ptr, 2 * MiB, 7, s);
+  pthread_join(t, NULL);
+  ps_driver.cuStreamSynchronize(s);
+  struct psa_stats st;
+  psa_stats_get(&st);
+  fprintf(stderr, "launch meets a remap: late waits %llu, mismatches %llu\n", (unsigned long long)st.late_waits,
+          (unsigned long long)atomic_load(&mismatches));
+  exit(atomic_load(&mismatches) ? 183 : st.late_waits == 1 ? 0 : 184);
+}
+
+static void test_launch_waits_for_remap(void **state)
+{
+  (void)state;
+  assert_int_equal(in_child(launch_meets_remap, NULL), 0);
+}
+
 /* The guard a move has against work still queued: a stream held up by a kernel that waits
  * for the host (as above) has every weight's read queued behind it, while the loop goes on
  * on another stream. The run-ahead wait gives up on the held stream, so the pager, which
@@ -1567,6 +1620,7 @@ int main(void)
       cmocka_unit_test(test_random_programs_with_pager),
       cmocka_unit_test(test_training_loop_with_owner),
       cmocka_unit_test(test_owner_gates_launch),
+      cmocka_unit_test(test_launch_waits_for_remap),
       cmocka_unit_test(test_unseen_copy_stops_paging),
       cmocka_unit_test(test_capture_stops_paging_quietly),
       cmocka_unit_test(test_short_lived_land_on_gpu),
