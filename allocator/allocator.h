@@ -127,7 +127,8 @@ void psa_usage_reset_high(int ordinal, bool reserved, bool used);
  *   apart), shared now, this rank's pieces of them (host bytes), and the host bytes it does
  *   not hold thanks to them (now, and at most);
  * - the plan (allocator/plan_exec.c): plans made and the time making them took;
- *   the bytes the plan copies in and out per iteration (predicted, latest plan); iterations
+ *   the bytes the plan copies in and out per iteration and leaves to be read in place (a
+ *   moment whose chunks cannot all be on the GPU) (predicted, latest plan); iterations
  *   its owner followed, and the bytes the owner's moves copied in and out over them;
  * - the plan's owner (allocator/owner.c): devices with one; its fetches and evictions made,
  *   fetches it could not make (no frame, or a chunk it could not quiet: read in place),
@@ -153,6 +154,7 @@ void psa_usage_reset_high(int ordinal, bool reserved, bool used);
   X(gathered_bytes, SUM) X(gather_ns, SUM) X(comm_init_ns, SUM) X(shared_chunks, SUM)         \
   X(shared_host_bytes, SUM) X(shard_saved_bytes, SUM) X(peak_shard_saved_bytes, SUM)         \
   X(plan_builds, SUM) X(plan_build_ns, SUM) X(plan_bytes_in, SUM) X(plan_bytes_out, SUM)      \
+  X(plan_bytes_in_place, SUM)                                                                 \
   X(plan_laps, SUM) X(plan_moved_in, SUM) X(plan_moved_out, SUM)                            \
   X(owners, SUM) X(owner_fetches, SUM) X(owner_evictions, SUM) X(owner_missed, SUM)           \
   X(owner_moot, SUM) X(owner_unplanned_victims, SUM) X(owner_demand_fetches, SUM)               \

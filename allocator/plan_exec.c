@@ -203,6 +203,7 @@ static void make_plan(struct device *d, struct plan_exec *st)
   }
   d->stats.plan_bytes_in = st->plan.bytes_in;
   d->stats.plan_bytes_out = st->plan.bytes_out;
+  d->stats.plan_bytes_in_place = st->plan.bytes_in_place;
   st->phase = FOLLOWING;
   atomic_store(&d->pager->owner_due, true); /* the next launch to exit starts the owner */
 }

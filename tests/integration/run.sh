@@ -107,6 +107,8 @@ assert s["owners"] == 1 and laps >= 10, "the plan's owner followed it for fewer 
 assert s["plan_bytes_in"] > 0 and s["owner_fetches"] > 0, "no planned move was made"
 assert s["gate_timeouts"] == 0, "a launch gave up waiting for its moment"
 assert s["peak_gpu_bytes"] <= s["gpu_budget"], "GPU budget exceeded"
+# at 8M (two frames) an update's three chunks cannot all be on the GPU: the plan reads some in place
+assert (s["plan_bytes_in_place"] > 0) == (budget == "8M"), f"planned in place: {s['plan_bytes_in_place']} bytes"
 if delays == "0 0 0 0" and budget != "8M": # at 8M two frames: an update's three chunks cannot all fit
     # a fetch whose chunk could not be quieted in time is missed (read in place): rare
     assert s["owner_missed"] * 100 <= s["owner_fetches"], "the owner missed more than 1% of its fetches"
