@@ -120,7 +120,8 @@ void psa_usage_reset_high(int ordinal, bool reserved, bool used);
  *   included; chunks paged out to give an allocation a GPU frame (room by age, room.c), and
  *   the allocating threads' time making that room (page-outs, waits for their copies);
  * - sharding: the rounds held (device synchronized, chunks checksummed and compared) and
- *   the time spent in them, chunks made shared and private again, shared chunks paged in
+ *   the time spent in them, chunks made shared and private again, and shared again after
+ *   that (only where their span was made anew since), shared chunks paged in
  *   at a touch (pieces kept) and mapped back onto their pieces unchanged, shared chunks
  *   gathered onto GPU frames at rounds (own piece copied in, the rest all-gathered), the
  *   bytes that gave the GPU frames and the time they took (the communicator's making
@@ -149,7 +150,7 @@ void psa_usage_reset_high(int ordinal, bool reserved, bool used);
   X(late_waits, SUM) X(late_wait_ns, SUM) X(launch_ns, SUM) X(lock_wait_ns, SUM)             \
   X(relock_ns, SUM) X(copy_settle_ns, SUM) X(reclaims, SUM) X(reclaim_chunks, SUM)          \
   X(reclaim_ns, SUM) X(room_page_outs, SUM) X(room_ns, SUM) X(room_wait_ns, SUM)             \
-  X(share_rounds, SUM) X(share_round_ns, SUM) X(shares, SUM) X(unshares, SUM)                 \
+  X(share_rounds, SUM) X(share_round_ns, SUM) X(shares, SUM) X(unshares, SUM) X(reshares, SUM)  \
   X(shared_pageins, SUM) X(shared_clean_leaves, SUM) X(shared_gathers, SUM)                   \
   X(gathered_bytes, SUM) X(gather_ns, SUM) X(comm_init_ns, SUM) X(shared_chunks, SUM)         \
   X(shared_host_bytes, SUM) X(shard_saved_bytes, SUM) X(peak_shard_saved_bytes, SUM)         \

@@ -74,7 +74,7 @@ static struct alloc_entry *pin(struct device *d, CUdeviceptr p)
     chunks_under(d, p, e->size, &first, &n);
     for (i = first; i < first + n; i++) {
       struct chunk *c = &d->chunks[i];
-      if (c->moving) {
+      if (c->move == PSA_REMAPPING) {
         ps_cond_wait(&d->moves->moved, &d->lock);
         break;
       }

@@ -157,10 +157,10 @@ static void enter_chunk(struct device *d, uint64_t chunk, struct visit *v)
 {
   PSA_HELD(d);
   struct chunk *c = &d->chunks[chunk];
-  if (c->moving) {
+  if (c->move == PSA_REMAPPING) {
     uint64_t start = psa_now_ns();
     d->stats.late_waits++;
-    while (c->moving)
+    while (c->move == PSA_REMAPPING)
       ps_cond_wait(&d->moves->moved, &d->lock);
     d->stats.late_wait_ns += psa_now_ns() - start;
   }

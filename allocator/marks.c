@@ -137,11 +137,13 @@ bool psa_copy_done(struct device *d, uint64_t chunk, bool sync)
 {
   struct chunk *c = &d->chunks[chunk];
   if (!c->copy)
-    return true;
+    return true; /* SETTLED, or REMAPPING with no copy queued yet */
   if (!psa_mark_passed(d, c->copy, sync))
     return false;
   psa_mark_put(d, c->copy);
   c->copy = NULL;
+  if (c->move == PSA_COPYING)
+    c->move = PSA_SETTLED;
   for (uint32_t i = 0; i < d->marks.ncopying; i++)
     if (d->marks.copying[i] == chunk) {
       d->marks.copying[i] = d->marks.copying[--d->marks.ncopying];

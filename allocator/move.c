@@ -3,7 +3,7 @@
  * copy. A chunk moves only when it is quiescent (psa_movable): no launch in flight on its
  * span and every mark passed, so no enqueued work can touch its addresses. Then, at once:
  * its addresses are remapped onto the new frame (with d->lock dropped, the chunk marked
- * `moving`: a launch that reaches it meanwhile waits, everything else passes it over), its
+ * REMAPPING: a launch that reaches it meanwhile waits, everything else passes it over), its
  * live ranges are copied between the two frames' fixed staging mappings on a copy stream,
  * and its old frame waits on the deferred list until the copy is done. A launch that
  * touches the chunk before its copy is seen complete makes its stream wait for the copy
@@ -103,13 +103,13 @@ static bool copy_slots_free(const struct device *d, uint32_t n)
 bool psa_movable(struct device *d, uint64_t chunk)
 {
   struct chunk *c = &d->chunks[chunk];
-  return c->frame != PSA_NO_FRAME && c->frame != psa_shared_frame(d) && !c->span->in_flight && !c->moving &&
+  return c->frame != PSA_NO_FRAME && c->frame != psa_shared_frame(d) && !c->span->in_flight && c->move != PSA_REMAPPING &&
          !c->span->building && !c->span->exported && !atomic_load(&psa_moves_off) &&
          psa_copy_done(d, chunk, false) && psa_users_passed(d, c, false);
 }
 
-/* Points a chunk's addresses at another frame with d->lock dropped (the caller has marked
- * the chunk `moving`, so nothing else touches it meanwhile): a remap is slow, far slower
+/* Points a chunk's addresses at another frame with d->lock dropped (the chunk is
+ * REMAPPING, so nothing else touches it meanwhile): a remap is slow, far slower
  * queued behind copies, and launches of other chunks need not wait for it. False (still mapped where it was) if the driver refuses. */
 static bool remap(struct device *d, uint64_t chunk, uint32_t from, uint32_t to)
 {
@@ -157,9 +157,10 @@ static void copies_settle(struct device *d)
   }
 }
 
+/* REMAPPING -> COPYING (a copy queued) or SETTLED (nothing moved). */
 static void move_end(struct device *d, struct chunk *c)
 {
-  c->moving = false;
+  c->move = c->copy ? PSA_COPYING : PSA_SETTLED;
   d->moves->nmoving--;
   pthread_cond_broadcast(&d->moves->moved);
 }
@@ -196,7 +197,7 @@ static uint32_t move_onto(struct device *d, uint64_t chunk, uint32_t to, struct 
     psa_mark_put(d, after);
     return from;
   }
-  c->moving = true;
+  c->move = PSA_REMAPPING; /* SETTLED: psa_movable saw its last copy done */
   d->moves->nmoving++;
   if (!remap(d, chunk, from, to)) {
     give_after(d, to, after);

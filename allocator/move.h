@@ -18,7 +18,7 @@ struct psa_moves {
   struct deferred_frame deferred[PSA_MAX_MIGRATIONS];
   uint32_t ndeferred;
   uint32_t nmoving;       /* chunks `moving` */
-  pthread_cond_t moved;   /* on d->lock: a chunk stopped `moving` */
+  pthread_cond_t moved;   /* on d->lock: a chunk stopped REMAPPING */
   uint64_t move_ns_mean;  /* a move's time (remap, queue the copy) on the thread that makes it */
 };
 

@@ -89,9 +89,9 @@ static bool quiet(struct device *d, struct psa_owner *o, uint64_t chunk, uint64_
       return false;
     if (psa_movable(d, chunk))
       return true;
-    if (c->moving || c->span->in_flight)
+    if (c->move == PSA_REMAPPING || c->span->in_flight)
       return false; /* an ungated launch, or another move: not this moment's to wait for */
-    struct psa_mark *m = c->copy && !c->copy->done ? c->copy : c->nusers ? c->users[0] : NULL;
+    struct psa_mark *m = c->move == PSA_COPYING && !c->copy->done ? c->copy : c->nusers ? c->users[0] : NULL;
     if (!m)
       return false;
     uint64_t start = psa_now_ns();

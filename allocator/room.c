@@ -51,7 +51,7 @@ static uint32_t page_out_oldest(struct device *d)
   for (uint64_t i = 0; i < d->space.chunks_high; i++) {
     struct chunk *c = &d->chunks[i];
     if (c->frame == PSA_NO_FRAME || !psa_chunk_on(d, c, PSA_GPU) || !c->span->live_allocs || c->span->in_flight ||
-        c->copy || !c->last_use)
+        c->move != PSA_SETTLED || !c->last_use)
       continue;
     oldest[n++] = (psp_cand){.chunk = (uint32_t)i, .bytes = d->chunk_size, .dirty = true, .next_use = now - c->last_use};
   }

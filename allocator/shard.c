@@ -54,6 +54,7 @@
 struct rewritten {
   const struct span *span;
   uint64_t last_alloc;
+  bool was_shared; /* let go after it was shared */
 };
 
 struct psa_shard {
@@ -154,7 +155,7 @@ fail:
 }
 
 /* Nothing in flight on it: no launch between its enter and exit, no move's remap or copy. */
-static bool quiet(const struct chunk *c) { return !c->span->in_flight && !c->moving && !c->copy; }
+static bool quiet(const struct chunk *c) { return !c->span->in_flight && c->move == PSA_SETTLED; }
 
 /* Untouched for an iteration, and quiet. */
 static bool idle(const struct device *d, const struct chunk *c, uint64_t period)
@@ -180,7 +181,8 @@ static bool candidate(struct device *d, uint64_t chunk, uint64_t period)
 /* Not offered again while its span holds the same allocations. */
 static void mark_rewritten(struct device *d, uint64_t chunk)
 {
-  d->shard->rewritten[chunk] = (struct rewritten){d->chunks[chunk].span, d->chunks[chunk].span->last_alloc};
+  struct rewritten *w = &d->shard->rewritten[chunk];
+  *w = (struct rewritten){d->chunks[chunk].span, d->chunks[chunk].span->last_alloc, w->was_shared};
 }
 
 static uint64_t mix(uint64_t h, uint64_t v)
@@ -356,6 +358,7 @@ static void share(struct device *d, uint64_t chunk)
     st->shared_sum[chunk] = st->sums[chunk];
     psa_frame_destroy(d, own);
     d->stats.shares++;
+    d->stats.reshares += d->shard->rewritten[chunk].was_shared; /* its span made anew since */
     count_shared(d, +1);
     return;
   }
@@ -627,6 +630,7 @@ static void let_go(struct device *d, uint64_t chunk)
 {
   forget_pieces(d, chunk);
   mark_rewritten(d, chunk);
+  d->shard->rewritten[chunk].was_shared = true;
   d->stats.unshares++;
 }
 

@@ -90,13 +90,22 @@ struct psa_mark {
   struct psa_mark *next_free;
 };
 
+/* A chunk's move, one state at a time (move.c makes the transitions, psa_copy_done the last):
+ * SETTLED -> REMAPPING: a move began; its addresses change with d->lock dropped, and a
+ *   launch that reaches the chunk waits for the remap;
+ * REMAPPING -> COPYING: remapped, its live bytes queued on a copy stream behind `copy`; a
+ *   launch that touches it makes its stream wait for the copy;
+ * REMAPPING -> SETTLED: nothing moved (the driver refused): it is back on its frame;
+ * COPYING -> SETTLED: the copy seen done. */
+enum psa_move_state { PSA_SETTLED = 0, PSA_REMAPPING, PSA_COPYING };
+
 /* A chunk's state: where it is, its move, and what the launches that touched it tell (used
  * when, by which streams; whether one is in flight is its span's). */
 struct chunk {
   uint32_t frame; /* PSA_NO_FRAME when unmapped */
-  bool moving;    /* a move is remapping it with d->lock dropped: nothing else may touch it (move.c) */
+  enum psa_move_state move;
   struct span *span;
-  struct psa_mark *copy; /* its last move's copy, until seen complete */
+  struct psa_mark *copy; /* COPYING: the mark behind the copy */
   /* The launches that touched it (launches.c): those that name an allocation it holds part of
    * by the allocation's start, or any pointer into its span that is not an allocation's
    * start (nothing tells how far a kernel reads from such a pointer). */
@@ -126,7 +135,7 @@ struct alloc_entry {
  * read before the call. The drops: making a frame (frames.c: the
  * driver's cuMemCreate, up to ~20 ms for a host frame, runs without the lock), waiting
  * for a frame another thread is making, waiting for a gather (shard.c), a move's remap
- * (move.c: the chunk is `moving` meanwhile) and waiting for one to finish.
+ * (move.c: the chunk is REMAPPING meanwhile) and waiting for one to finish.
  *
  * The floors above keep their own state (struct psa_moves, struct psa_pager, struct
  * psa_shard), which this floor holds only as pointers to types it does not know. */

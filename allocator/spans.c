@@ -241,7 +241,7 @@ bool psa_span_idle(struct device *d, struct span *s)
   if (s->live_allocs || s->building || s->in_flight)
     return false;
   for (uint64_t i = s->first_chunk; i < s->first_chunk + s->nchunks; i++)
-    if (d->chunks[i].moving || !psa_copy_done(d, i, false))
+    if (d->chunks[i].move == PSA_REMAPPING || !psa_copy_done(d, i, false))
       return false;
   for (uint32_t i = 0; i < s->nranges; i++)
     i = settle(d, s, i);

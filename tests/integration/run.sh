@@ -431,12 +431,13 @@ for r in (0, 1):
     # the read-back touched every chunk, and every buffer was freed: no piece is left
     assert s[r]["shared_chunks"] == 0 and s[r]["unshares"] <= s[r]["shares"], "chunks were left shared"
 # Which chunks lie in host frames at a round depends on when the owner's moves ran, so
-# counts differ from run to run by a chunk or two: no run may share more than its plain one.
-# That the diverging chunk is not shared shows as no mismatch (shard_sim exits 1 on one).
+# counts differ from run to run by a chunk. That the diverging chunk is not shared shows as
+# no mismatch (shard_sim exits 1 on one); a chunk touched after sharing is never shared
+# again while its span holds the same allocations (none of this program's is made anew).
 if diverge:
-    assert shares[0] <= json.load(open(f"{tmp}/s{seed}.d0.0.json"))["shares"], "the diverging run shared more"
-if rewrite:
-    assert shares[0] <= json.load(open(f"{tmp}/s{seed}.d0.0.json"))["shares"], "a chunk touched after sharing was shared again"
+    assert shares[0] <= json.load(open(f"{tmp}/s{seed}.d0.0.json"))["shares"] + 1, "the diverging run shared more"
+for r in (0, 1):
+    assert s[r]["reshares"] == 0, f"rank {r}: a chunk touched after sharing was shared again"
 if readers:
     print(f"  {name}: paged in {[x['shared_pageins'] for x in s]}, back onto the pieces unchanged "
           f"{[x['shared_clean_leaves'] for x in s]}")

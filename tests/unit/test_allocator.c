@@ -1027,7 +1027,7 @@ static void launch_meets_remap(void *arg)
   uint64_t chunk = (uint64_t)psa_chunk_of(moved_ptr, &ordinal);
   for (bool moving = false; !moving; usleep(1000)) { /* the remap under way, its lock dropped */
     ps_mutex_lock(&d->lock);
-    moving = d->chunks[chunk].moving;
+    moving = d->chunks[chunk].move == PSA_REMAPPING;
     ps_mutex_unlock(&d->lock);
   }
   launch(check_kernel, moved_ptr, 2 * MiB, 7, s);
