@@ -271,6 +271,25 @@ static void test_layers_are_not_the_iteration(void **state)
   stream_free(st);
 }
 
+/* An iteration that is two runs of one kernel each (a layer pipeline: 48 forward launches
+ * of one kernel, then 48 backward launches of another): a period of 1 matches all but the
+ * two changes of kernel an iteration, the iteration matches everything, and is chosen. */
+static void test_runs_of_one_kernel(void **state)
+{
+  (void)state;
+  enum { LAYERS = 48 };
+  uint64_t iter[2 * LAYERS];
+  for (int k = 0; k < 2 * LAYERS; k++) iter[k] = k < LAYERS ? 11 : 22;
+  uint64_t phase;
+  uint32_t got;
+  stream *st = stream_new(65536, 2, 0.02);
+  feed_pattern(st, iter, 2 * LAYERS, 0, 6 * 2 * LAYERS + 10); /* ten launches into the seventh */
+  assert_true(psp_period_get(st->d, &got, &phase));
+  assert_int_equal(got, 2 * LAYERS);
+  assert_int_equal(phase % (2 * LAYERS), 0);
+  stream_free(st);
+}
+
 /* Asked once per iteration for many iterations: the ring wraps, the warm-up prefix leaves
  * it, and boundaries stay where they first were. */
 static void test_bounded_and_stable(void **state)
@@ -303,6 +322,7 @@ int main(void)
       cmocka_unit_test(test_real_trace),
       cmocka_unit_test(test_no_period),     cmocka_unit_test(test_long_period),
       cmocka_unit_test(test_layers_are_not_the_iteration),
+      cmocka_unit_test(test_runs_of_one_kernel),
       cmocka_unit_test(test_bounded_and_stable),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
