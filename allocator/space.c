@@ -195,9 +195,10 @@ static bool setup(struct device *d, int ordinal)
   /* Twice the frames' worth of addresses: spans of several chunks fragment the space. */
   d->nchunks = 2 * d->max_frames + 16;
   uint64_t bytes = d->nchunks * d->chunk_size;
-  if (PS_CU(ps_driver.cuMemAddressReserve(&d->base, bytes, d->chunk_size, 0, 0)))
+  if (PS_CU(ps_driver.cuMemAddressReserve(&d->base, bytes, psa_va_align(d->chunk_size), 0, 0)))
     return false;
-  if (PS_CU(ps_driver.cuMemAddressReserve(&d->staging_base, (d->max_frames + 1) * d->chunk_size, d->chunk_size, 0, 0))) {
+  if (PS_CU(ps_driver.cuMemAddressReserve(&d->staging_base, (d->max_frames + 1) * d->chunk_size,
+                                         psa_va_align(d->chunk_size), 0, 0))) {
     PS_CU(ps_driver.cuMemAddressFree(d->base, bytes));
     return false;
   }
