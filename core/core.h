@@ -266,6 +266,9 @@ extern struct ps_options ps_options;
 /* Parses every PSSHIM_* variable. On a bad value: one line naming the variable and what it
  * accepts into err (if non-NULL) and false. Never exits: the caller decides. */
 bool ps_options_parse(char *err, size_t errlen);
+/* One line at the default log level for each PSSHIM_* variable of the environment that the
+ * table does not hold (a misspelling would otherwise be ignored without a word). */
+void ps_options_say_unknown(void);
 /* Parses "64M", "1.5G", "512", "25%" (percent only when pct is non-NULL). */
 bool ps_parse_size(const char *text, uint64_t *bytes, double *pct);
 

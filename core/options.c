@@ -226,6 +226,73 @@ static bool parse_one(const struct option_def *o, const char *text, char *why, s
 
 const char *ps_policy_name(enum ps_policy_kind p) { return policy_choices[p]; }
 
+/* Edits (insert, delete, replace) from a to b, for names up to 63 characters (else 99). */
+static unsigned edits(const char *a, const char *b)
+{
+  size_t n = strlen(a), m = strlen(b);
+  if (n > 63 || m > 63)
+    return 99;
+  unsigned row[64];
+  for (size_t j = 0; j <= m; j++)
+    row[j] = (unsigned)j;
+  for (size_t i = 1; i <= n; i++) {
+    unsigned diag = row[0];
+    row[0] = (unsigned)i;
+    for (size_t j = 1; j <= m; j++) {
+      unsigned up = row[j], best = diag + (a[i - 1] != b[j - 1]);
+      if (up + 1 < best)
+        best = up + 1;
+      if (row[j - 1] + 1 < best)
+        best = row[j - 1] + 1;
+      diag = up;
+      row[j] = best;
+    }
+  }
+  return row[m];
+}
+
+/* The table's name nearest a misspelt one: a name containing it (PSSHIM_BUDGET in
+ * PSSHIM_GPU_BUDGET), else one at most two edits away (one, for a short name); NULL if
+ * none. */
+static const char *nearest_name(const char *name)
+{
+  const char *best = NULL;
+  unsigned best_edits = strlen(name) > strlen("PSSHIM_") + 4 ? 3 : 2;
+  for (size_t i = 0; i < sizeof option_table / sizeof option_table[0]; i++) {
+    const char *known = option_table[i].name;
+    if (strstr(known, name + strlen("PSSHIM")))
+      return known;
+    unsigned e = edits(name, known);
+    if (e < best_edits) {
+      best = known;
+      best_edits = e;
+    }
+  }
+  return best;
+}
+
+void ps_options_say_unknown(void)
+{
+  extern char **environ;
+  for (char **e = environ; e && *e; e++) {
+    const char *eq = strchr(*e, '=');
+    size_t len = eq ? (size_t)(eq - *e) : strlen(*e);
+    char name[128];
+    if (strncmp(*e, "PSSHIM_", 7) || len >= sizeof name)
+      continue;
+    memcpy(name, *e, len);
+    name[len] = '\0';
+    bool known = false;
+    for (size_t i = 0; !known && i < sizeof option_table / sizeof option_table[0]; i++)
+      known = strcmp(name, option_table[i].name) == 0;
+    if (known)
+      continue;
+    const char *near = nearest_name(name);
+    ps_error("%s is not a psshim setting, so it is ignored%s%s%s; README.md's Configuration lists them", name,
+             near ? " (did you mean " : "", near ? near : "", near ? "?)" : "");
+  }
+}
+
 bool ps_options_parse(char *err, size_t errlen)
 {
   memset(&ps_options, 0, sizeof ps_options);

@@ -34,6 +34,7 @@ __attribute__((constructor)) static void psshim_start(void)
     exit(2); /* as the launcher's for a bad option: the program never ran */
   }
   ps_log_level = ps_options.log_level;
+  ps_options_say_unknown();
   options_ok = true;
   if (ps_options.disabled)
     return;

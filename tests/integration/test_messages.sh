@@ -40,6 +40,17 @@ for case in "${bad_cases[@]}"; do
   [ ! -s "$tmp/out" ] || fail "$setting: the program ran"
 done
 
+# A PSSHIM_* name the library does not know is said at the default log level, with the
+# name it may stand for, and the program runs on.
+PSSHIM_BUDGET=24M PSSHIM_POLCY=static LD_PRELOAD="$lib" "$prog" 1 1 1 >"$tmp/out" 2>"$tmp/err" ||
+  fail "unknown names: exit $?: $(cat "$tmp/err")"
+cat "$tmp/err"
+[ "$(wc -l <"$tmp/err")" = 2 ] || fail "unknown names: expected two lines"
+grep -qx "psshim: PSSHIM_BUDGET is not a psshim setting, so it is ignored (did you mean PSSHIM_GPU_BUDGET?);.*" \
+  "$tmp/err" || fail "PSSHIM_BUDGET not said"
+grep -q "^psshim: PSSHIM_POLCY is not a psshim setting.*PSSHIM_POLICY?" "$tmp/err" || fail "PSSHIM_POLCY not said"
+[ -s "$tmp/out" ] || fail "unknown names: the program did not run"
+
 # The check makes no file: a process stopped by another bad value leaves none behind.
 env PSSHIM_TRACE="$tmp/t.trace" PSSHIM_STATS="$tmp/s.json" PSSHIM_POLICY=fast LD_PRELOAD="$lib" "$prog" 1 1 1 \
   >/dev/null 2>&1
