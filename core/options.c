@@ -226,6 +226,41 @@ static bool parse_one(const struct option_def *o, const char *text, char *why, s
 
 const char *ps_policy_name(enum ps_policy_kind p) { return policy_choices[p]; }
 
+const char *ps_size_text(uint64_t bytes, char *buf, size_t len)
+{
+  static const char *const units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double v = (double)bytes;
+  unsigned u = 0;
+  while (v >= 1024 && u + 1 < sizeof units / sizeof units[0]) {
+    v /= 1024;
+    u++;
+  }
+  if (u == 0)
+    snprintf(buf, len, "%llu bytes", (unsigned long long)bytes);
+  else
+    snprintf(buf, len, "%.1f %s", v, units[u]);
+  return buf;
+}
+
+/* The launcher's options (tools/psshim.in), by the variable each sets: a message about a
+ * value found after start names the option as well, since the user may have typed it. */
+static const char *const launcher_options[][2] = {
+    {"PSSHIM_GPU_BUDGET", "--budget"}, {"PSSHIM_HOST_BUDGET", "--host-budget"},
+    {"PSSHIM_CHUNK_SIZE", "--chunk-size"}, {"PSSHIM_POLICY", "--policy"}, {"PSSHIM_TRACE", "--trace"},
+    {"PSSHIM_STATS", "--stats"}, {"PSSHIM_LOG", "--log"},
+};
+
+const char *ps_setting_text(const char *var, char *buf, size_t len)
+{
+  const char *value = getenv(var), *option = NULL;
+  for (size_t i = 0; i < sizeof launcher_options / sizeof launcher_options[0]; i++)
+    if (strcmp(var, launcher_options[i][0]) == 0)
+      option = launcher_options[i][1];
+  snprintf(buf, len, "%s%s%s%s%s%s", var, value ? "=" : "'s default", value ? value : "", option ? " (psshim " : "",
+           option ? option : "", option ? ")" : "");
+  return buf;
+}
+
 /* Edits (insert, delete, replace) from a to b, for names up to 63 characters (else 99). */
 static unsigned edits(const char *a, const char *b)
 {

@@ -51,6 +51,18 @@ grep -qx "psshim: PSSHIM_BUDGET is not a psshim setting, so it is ignored (did y
 grep -q "^psshim: PSSHIM_POLCY is not a psshim setting.*PSSHIM_POLICY?" "$tmp/err" || fail "PSSHIM_POLCY not said"
 [ -s "$tmp/out" ] || fail "unknown names: the program did not run"
 
+# A budget the device cannot hold, or one that holds no chunk, is said when the device is
+# set up, naming the launcher's option and the sizes in bytes' units.
+"$launcher" --budget 2T -- "$prog" 1 1 1 >"$tmp/out" 2>"$tmp/err"
+cat "$tmp/err"
+grep -qx "psshim: PSSHIM_GPU_BUDGET=2T (psshim --budget) is above this device's memory (1.0 GiB): set a smaller value; allocations on device 0 fail" \
+  "$tmp/err" || fail "a budget above the device: not said so"
+"$launcher" --budget 24M --chunk-size 32M -- "$prog" 1 1 1 >"$tmp/out" 2>"$tmp/err" || fail "budget below a chunk: exit $?"
+cat "$tmp/err"
+[ "$(wc -l <"$tmp/err")" = 1 ] &&
+  grep -q "^psshim: PSSHIM_GPU_BUDGET=24M (psshim --budget): 24.0 MiB on device 0 holds no chunk of 32.0 MiB (PSSHIM_CHUNK_SIZE=32M): every chunk lives in host frames" \
+    "$tmp/err" || fail "a budget below a chunk: not said so"
+
 # The check makes no file: a process stopped by another bad value leaves none behind.
 env PSSHIM_TRACE="$tmp/t.trace" PSSHIM_STATS="$tmp/s.json" PSSHIM_POLICY=fast LD_PRELOAD="$lib" "$prog" 1 1 1 \
   >/dev/null 2>&1
