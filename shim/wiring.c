@@ -254,7 +254,7 @@ static void start(const struct pst_trace_header *h, void *user)
    * at launch 27062 instead of 31721, a step sooner, and every test still finds its own. */
   detector = psp_period_new(MAX_PERIOD, 2, 0.02);
   history = calloc(HISTORY, sizeof *history); /* without it, periods are judged as boundaries come */
-  struct pst_observer o = {.moment = on_moment, .claims = claims};
+  struct pst_observer o = {.moment = on_moment, .claims = claims, .required = ps_options.policy != PS_POLICY_STATIC};
   pst_observe_start(&o);
   if (tracing) {
     if (PS_CU(ps_driver.cuCtxGetCurrent(&sampler_ctx)))

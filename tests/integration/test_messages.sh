@@ -63,6 +63,21 @@ cat "$tmp/err"
   grep -q "^psshim: PSSHIM_GPU_BUDGET=24M (psshim --budget): 24.0 MiB on device 0 holds no chunk of 32.0 MiB (PSSHIM_CHUNK_SIZE=32M): every chunk lives in host frames" \
     "$tmp/err" || fail "a budget below a chunk: not said so"
 
+# CUPTI or the driver missing is said at the default log level: under auto nothing moves
+# without launches observed; a static run, which observes nothing, says nothing.
+PSSHIM_CUPTI=/nonexistent/libcupti.so "$launcher" --budget 24M -- "$prog" 1 1 1 >"$tmp/out" 2>"$tmp/err" ||
+  fail "CUPTI missing: exit $?"
+cat "$tmp/err"
+[ "$(wc -l <"$tmp/err")" = 1 ] &&
+  grep -q "^psshim: PSSHIM_CUPTI=/nonexistent/libcupti.so does not load (.*): kernel launches are not observed, so under PSSHIM_POLICY=auto nothing moves" \
+    "$tmp/err" || fail "CUPTI missing under auto: not said so"
+PSSHIM_CUPTI=/nonexistent/libcupti.so "$launcher" --policy static --budget 24M -- "$prog" 1 1 1 >"$tmp/out" 2>"$tmp/err" &&
+  [ ! -s "$tmp/err" ] || fail "CUPTI missing under static: $(cat "$tmp/err")"
+PSSHIM_LIBCUDA=/nonexistent/libcuda.so "$launcher" --budget 24M -- "$prog" 1 1 1 >"$tmp/out" 2>"$tmp/err"
+cat "$tmp/err"
+grep -q "^psshim: cannot load the CUDA driver /nonexistent/libcuda.so (.*): psshim passes every call through" "$tmp/err" ||
+  fail "the driver missing: not said so"
+
 # The check makes no file: a process stopped by another bad value leaves none behind.
 env PSSHIM_TRACE="$tmp/t.trace" PSSHIM_STATS="$tmp/s.json" PSSHIM_POLICY=fast LD_PRELOAD="$lib" "$prog" 1 1 1 \
   >/dev/null 2>&1
