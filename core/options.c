@@ -328,6 +328,31 @@ void ps_options_say_unknown(void)
   }
 }
 
+static const char *option_table_accepts(const char *name)
+{
+  for (size_t i = 0; i < sizeof option_table / sizeof option_table[0]; i++)
+    if (strcmp(option_table[i].name, name) == 0)
+      return option_table[i].accepts;
+  return "";
+}
+
+/* Whether two paths writable_file accepted name one file: the same file where it exists,
+ * else the same name in the same folder (./s.json and s.json). */
+static bool same_file(const char *a, const char *b)
+{
+  struct stat sa, sb;
+  if (stat(a, &sa) == 0 && stat(b, &sb) == 0)
+    return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+  char ca[PATH_MAX], cb[PATH_MAX], da[PATH_MAX], db[PATH_MAX];
+  snprintf(ca, sizeof ca, "%s", a);
+  snprintf(cb, sizeof cb, "%s", b);
+  if (!realpath(dirname(ca), da) || !realpath(dirname(cb), db))
+    return false;
+  snprintf(ca, sizeof ca, "%s", a);
+  snprintf(cb, sizeof cb, "%s", b);
+  return strcmp(da, db) == 0 && strcmp(basename(ca), basename(cb)) == 0;
+}
+
 bool ps_options_parse(char *err, size_t errlen)
 {
   memset(&ps_options, 0, sizeof ps_options);
@@ -346,6 +371,14 @@ bool ps_options_parse(char *err, size_t errlen)
                  o->name, o->accepts, o->def ? "; default " : "", o->def ? o->def : "");
       return false;
     }
+  }
+  /* Trace and statistics written to one file would overwrite each other at exit. */
+  if (ps_options.trace_path && stats_text && strcmp(stats_text, "0") && strcmp(stats_text, "1") &&
+      same_file(ps_options.trace_path, stats_text)) {
+    if (err)
+      snprintf(err, errlen, "PSSHIM_STATS=%s is not valid: it names PSSHIM_TRACE's file too; PSSHIM_STATS accepts %s",
+               stats_text, option_table_accepts("PSSHIM_STATS"));
+    return false;
   }
   ps_options.keep_torch_allocator = torch_alloc_choice == 1;
   ps_options.stats = stats_text && strcmp(stats_text, "0") != 0;

@@ -63,5 +63,9 @@ __attribute__((destructor)) static void psshim_end(void)
     return;
   }
   psa_stats_write(f, true, &progress);
-  fclose(f);
+  /* A full disk fails at the flush: said, since the file is what the user asked for. */
+  const bool failed = ferror(f);
+  if (fclose(f) != 0 || failed)
+    ps_error("PSSHIM_STATS=%s: writing the statistics failed: %s", ps_options.stats_path,
+             failed ? "write error" : strerror(errno));
 }

@@ -1,11 +1,12 @@
 /* psshim-report: reads a psshim trace and tells what happened (see usage below). */
+#include <errno.h>
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "tools/report.h"
 
-enum { EXIT_OK = 0, EXIT_USAGE = 1, EXIT_TRACE = 2 };
+enum { EXIT_OK = 0, EXIT_USAGE = 1, EXIT_TRACE = 2, EXIT_OUTPUT = 3 };
 #define DEFAULT_SIZES "4M,8M,16M,32M,64M,128M"
 
 static void usage(void) {
@@ -45,7 +46,8 @@ static void usage(void) {
           "  --help, --version\n"
           "\n"
           "Sizes take K, M, G, T (binary) suffixes. Exit status: 0 ok; 1 bad usage; 2 the file\n"
-          "cannot be read or is damaged (what was readable is still reported).\n");
+          "cannot be read or is damaged (what was readable is still reported); 3 a report could\n"
+          "not be written whole (an output that fails to write, memory that runs out).\n");
 }
 
 static bool parse_sizes(const char *list, uint64_t **out, size_t *n) {
@@ -169,7 +171,12 @@ int main(int argc, char **argv) {
   rp_accesses_free(&acc);
   if (t.error[0])
     fprintf(stderr, "psshim-report: %s: %s (the report covers what was readable)\n", t.path, t.error);
-  const int rc = !ok || t.error[0] ? EXIT_TRACE : EXIT_OK;
+  /* Standard output to a full disk fails at the flush, after every line was "written". */
+  if (fflush(stdout) != 0 || ferror(stdout)) {
+    fprintf(stderr, "psshim-report: writing the report to standard output failed: %s\n", strerror(errno));
+    ok = false;
+  }
+  const int rc = t.error[0] ? EXIT_TRACE : !ok ? EXIT_OUTPUT : EXIT_OK;
   rp_chunks_free(&cs);
   rp_free(&t);
   free(sizes);

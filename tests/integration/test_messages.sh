@@ -78,6 +78,31 @@ cat "$tmp/err"
 grep -q "^psshim: cannot load the CUDA driver /nonexistent/libcuda.so (.*): psshim passes every call through" "$tmp/err" ||
   fail "the driver missing: not said so"
 
+# An option's value left out is not taken for a file named "--"; trace and statistics
+# cannot share a file; a write that fails (a full disk) is said.
+(cd "$tmp" && "$launcher" --stats -- "$prog" 1 1 1) >"$tmp/out" 2>"$tmp/err"
+status=$?
+cat "$tmp/err"
+[ $status = 2 ] && [ ! -e "$tmp/--" ] && [ ! -s "$tmp/out" ] &&
+  grep -qx "psshim: --stats: needs a value, not the option-like '--' (psshim --help)" "$tmp/err" ||
+  fail "--stats --: exit $status"
+(cd "$tmp" && "$launcher" --trace run.bin --stats ./run.bin -- "$prog" 1 1 1) >"$tmp/out" 2>"$tmp/err"
+status=$?
+cat "$tmp/err"
+[ $status = 2 ] && [ ! -s "$tmp/out" ] &&
+  grep -q "^psshim: --stats: ./run.bin is not valid: it names PSSHIM_TRACE's file too; PSSHIM_STATS accepts" "$tmp/err" ||
+  fail "trace and statistics to one file: exit $status"
+PSSHIM_CUPTI="$FAKE_CUPTI" "$launcher" --budget 24M --stats /dev/full -- "$prog" 1 1 1 >"$tmp/out" 2>"$tmp/err" ||
+  fail "statistics to /dev/full: exit $?"
+cat "$tmp/err"
+grep -qx "psshim: PSSHIM_STATS=/dev/full: writing the statistics failed: No space left on device" "$tmp/err" ||
+  fail "statistics to /dev/full: not said"
+PSSHIM_CUPTI="$FAKE_CUPTI" "$launcher" --budget 24M --trace /dev/full -- "$prog" 1 1 1 >"$tmp/out" 2>"$tmp/err" ||
+  fail "a trace to /dev/full: exit $?"
+cat "$tmp/err"
+grep -q "^psshim: trace write failed, tracing stops: /dev/full: No space left on device" "$tmp/err" ||
+  fail "a trace to /dev/full: not said"
+
 # The check makes no file: a process stopped by another bad value leaves none behind.
 env PSSHIM_TRACE="$tmp/t.trace" PSSHIM_STATS="$tmp/s.json" PSSHIM_POLICY=fast LD_PRELOAD="$lib" "$prog" 1 1 1 \
   >/dev/null 2>&1
@@ -108,4 +133,14 @@ sed -n '/^CHUNKS/,/^$/p' "$tmp/report.txt" | head -n 4
 grep -q '^  48 chunks; .* 0 page-ins, 0 page-outs$' "$tmp/report.txt" || fail "expected 48 chunks and no migration"
 grep -qx '  the first 40 (none migrated):' "$tmp/report.txt" || fail "the chunk table does not say none migrated"
 ! grep -q 'the most migrations' "$tmp/report.txt" || fail "the chunk table speaks of migrations none made"
+# psshim-report's own outputs: a write that fails exits 3, with a line.
+"$report" "$tmp/run.trace" >/dev/full 2>"$tmp/err"
+status=$?
+cat "$tmp/err"
+[ $status = 3 ] && grep -q "^psshim-report: writing the report to standard output failed: No space left on device" \
+  "$tmp/err" || fail "psshim-report >/dev/full: exit $status"
+"$report" "$tmp/run.trace" --html /dev/full >/dev/null 2>"$tmp/err"
+status=$?
+[ $status = 3 ] && grep -qx "psshim-report: /dev/full: No space left on device" "$tmp/err" ||
+  fail "psshim-report --html /dev/full: exit $status"
 echo "PASS"
