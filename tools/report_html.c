@@ -141,18 +141,40 @@ static void mark_ticks(FILE *f, const struct rp_trace *t, const struct axis *a, 
   fputc('\n', f);
 }
 
-/* Peak of s in each of BINS time bins (peaks survive the squeeze into pixels). */
-static void bin_peaks(const struct series *s, const struct axis *a, double *out) {
-  const double width = (double)(a->t1 - a->t0) / BINS;
-  for (int b = 0; b < BINS; b++) out[b] = 0;
-  for (size_t i = 0; i < s->n; i++) {
-    const uint64_t from = s->t[i], to = i + 1 < s->n ? s->t[i + 1] : a->t1;
-    int b0 = (int)((double)(from > a->t0 ? from - a->t0 : 0) / width);
-    int b1 = (int)((double)(to > a->t0 ? to - a->t0 : 0) / width);
-    if (b0 >= BINS) b0 = BINS - 1;
-    if (b1 >= BINS) b1 = BINS - 1;
-    for (int b = b0; b <= b1; b++)
-      if ((double)s->v[i] > out[b]) out[b] = (double)s->v[i];
+/* The bin of time t on axis a, within 0 .. BINS - 1 (a time far outside the axis, from a
+ * damaged or odd trace, is clamped before it becomes an int). */
+static int bin_of(const struct axis *a, uint64_t t) {
+  if (t <= a->t0) return 0;
+  const double b = (double)(t - a->t0) / ((double)(a->t1 - a->t0) / BINS);
+  return b >= BINS - 1 ? BINS - 1 : (int)b;
+}
+
+struct layer { const struct series *s; const char *color, *label; };
+enum { MAX_LAYERS = 3 };
+
+/* Each layer's value, in each of BINS time bins, at the moment the layers' sum peaks there:
+ * the stack shows what was in use at one moment. Peaks of each layer taken apart would
+ * stack values of different moments, a sum never reached. The layers share one time line
+ * (memory_build adds a point to each at once). */
+static void bin_stack(const struct layer *layers, int nlayers, const struct axis *a, double out[][BINS]) {
+  static double best[BINS];
+  size_t n = layers[0].s->n;
+  for (int l = 0; l < nlayers; l++) {
+    if (layers[l].s->n < n) n = layers[l].s->n;
+    for (int b = 0; b < BINS; b++) out[l][b] = 0;
+  }
+  for (int b = 0; b < BINS; b++) best[b] = -1;
+  const struct series *s = layers[0].s;
+  for (size_t i = 0; i < n; i++) {
+    const uint64_t from = s->t[i], to = i + 1 < n ? s->t[i + 1] : a->t1;
+    if (to < a->t0 || from > a->t1) continue; /* outside the chart */
+    double sum = 0;
+    for (int l = 0; l < nlayers; l++) sum += (double)layers[l].s->v[i];
+    for (int b = bin_of(a, from), b1 = bin_of(a, to); b <= b1; b++)
+      if (sum > best[b]) {
+        best[b] = sum;
+        for (int l = 0; l < nlayers; l++) out[l][b] = (double)layers[l].s->v[i];
+      }
   }
 }
 
@@ -186,8 +208,6 @@ static void y_grid(FILE *f, double ymax, double unit, const char *suffix, double
   }
 }
 
-struct layer { const struct series *s; const char *color, *label; };
-
 static void legend(FILE *f, int x, const char *color, const char *label) {
   fprintf(f, "<rect x='%d' y='8' width='12' height='12' fill='%s'/><text x='%d' y='18' class='legend'>%s</text>", x,
           color, x + 16, label);
@@ -198,15 +218,14 @@ static void legend(FILE *f, int x, const char *color, const char *label) {
 static void memory_chart(FILE *f, const struct rp_trace *t, const struct rp_laps *laps, const struct axis *a,
                          const char *title, const struct layer *layers, int nlayers, uint64_t budget) {
   enum { H = 200, TOP = 40, BOTTOM = 24 };
-  static double lower[BINS], upper[BINS], peak[BINS];
+  static double lower[BINS], upper[BINS], vals[MAX_LAYERS][BINS];
   double ymax = 0;
-  for (int b = 0; b < BINS; b++) upper[b] = 0;
-  for (int l = 0; l < nlayers; l++) {
-    bin_peaks(layers[l].s, a, peak);
-    for (int b = 0; b < BINS; b++) {
-      upper[b] += peak[b];
-      if (upper[b] > ymax) ymax = upper[b];
-    }
+  if (nlayers > MAX_LAYERS) nlayers = MAX_LAYERS;
+  bin_stack(layers, nlayers, a, vals);
+  for (int b = 0; b < BINS; b++) {
+    double sum = 0;
+    for (int l = 0; l < nlayers; l++) sum += vals[l][b];
+    if (sum > ymax) ymax = sum;
   }
   const bool drawn = budget_on_scale(budget, ymax);
   if (drawn && (double)budget > ymax) ymax = (double)budget;
@@ -220,8 +239,7 @@ static void memory_chart(FILE *f, const struct rp_trace *t, const struct rp_laps
   time_ticks(f, a, TOP, TOP + H);
   for (int b = 0; b < BINS; b++) lower[b] = upper[b] = 0;
   for (int l = 0; l < nlayers; l++) {
-    bin_peaks(layers[l].s, a, peak);
-    for (int b = 0; b < BINS; b++) upper[b] = lower[b] + peak[b];
+    for (int b = 0; b < BINS; b++) upper[b] = lower[b] + vals[l][b];
     band(f, lower, upper, TOP, H, ymax, layers[l].color);
     memcpy(lower, upper, sizeof lower);
   }
@@ -720,7 +738,7 @@ static bool page(FILE *f, const struct rp_trace *t, const struct rp_chunks *cs, 
   const struct layer host[] = { { &m->host, HOST_COLOR, "chunks on host" } };
   memory_chart(f, t, laps, &a, "GPU memory over the run", gpu, m->sampled ? 2 : 1, t->hdr.gpu_budget);
   memory_chart(f, t, laps, &a, "Host memory (pinned) over the run", host, 1, t->hdr.host_budget);
-  fprintf(f, "<p class='note'>%s Per-pixel peaks. Ticks above a chart: iteration marks; shaded: alternate steady "
+  fprintf(f, "<p class='note'>%s Each pixel shows the moment of its highest total. Ticks above a chart: iteration marks; shaded: alternate steady "
              "iterations.</p>\n",
           m->sampled ? "From SAMPLE records." : "No SAMPLE records: rebuilt from chunk residency; non-model memory unknown.");
   if (acc->periodic) {

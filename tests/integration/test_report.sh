@@ -158,6 +158,28 @@ while IFS='|' read -r direction inplace n median p90 mean; do
 done < <(grep '^moves ' "$dir/fates.expect")
 check "moves: nothing else" test "$(moves "$dir/fates.txt" | grep -cE '^  (in|out) \(')" -eq "$(grep -c '^moves ' "$dir/fates.expect")"
 
+# One sample's time far ahead (2^63 - 1 ns) in an otherwise valid trace: every output
+# made, nothing drawn outside its chart.
+"$synth" "$dir/far.trace" far > /dev/null
+"$report" "$dir/far.trace" --perfetto "$dir/far.json" --html "$dir/far.html" --chunk-size > /dev/null 2> "$dir/far.err"
+rc=$?
+check "a sample far ahead: exit 0 (got $rc)" test "$rc" -eq 0
+# The GPU-memory chart stacks its classes as they were at one moment: chunks and non-model
+# memory that always sum to the budget draw nothing above it.
+"$synth" "$dir/stack.trace" stack && "$report" "$dir/stack.trace" --html "$dir/stack.html" > /dev/null
+check "stack: exit 0" test $? -eq 0
+stack_under_budget() {
+  python3 - "$dir/stack.html" <<'PY'
+import re, sys
+svg = open(sys.argv[1]).read().split("<h2>GPU memory over the run</h2>", 1)[1].split("</svg>", 1)[0]
+budget = float(re.search(r"<line[^>]*y1='([0-9.]+)'[^>]*class='budget'", svg).group(1))
+top = min(min(float(v) for v in re.findall(r"V([0-9.]+)", d)) for d in re.findall(r"<path fill='[^']*' d='([^']*)'", svg))
+print(f"  GPU memory chart: the budget's line at y {budget}, the stack's top at y {top}")
+sys.exit(top < budget - 0.05)
+PY
+}
+check "stack: no use drawn above the budget that was never in use" stack_under_budget
+
 # A torn trace: what was readable is reported, exit 2, the problem on stderr.
 size=$(stat -c %s "$dir/run.trace")
 head -c $((size - 100)) "$dir/run.trace" > "$dir/torn.trace"
