@@ -160,8 +160,8 @@ bool rp_pageouts(const struct rp_trace *t, FILE *out);
 bool rp_moves(const struct rp_trace *t, const struct rp_chunks *cs, FILE *out);
 bool rp_perfetto(const struct rp_trace *t, const char *path);
 bool rp_html(const struct rp_trace *t, const struct rp_chunks *cs, const struct rp_accesses *a, const char *path);
-/* The recorded accesses packed first-fit into chunks of chunk_size, as the allocator
- * would, as a sealed schedule; every touch counts as a write (the trace does not say
+/* The recorded accesses packed by best fit into chunks of chunk_size, as the allocator
+ * packs its spans, as a sealed schedule; every touch counts as a write (the trace does not say
  * which pointers a kernel wrote), and a chunk is empty (psp_schedule_empty) between the
  * last touch of what was freed in it and the first touch of what was allocated in it.
  * Sets *chunks and the chunks' peak *footprint. NULL: out of memory. */

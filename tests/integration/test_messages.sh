@@ -133,6 +133,13 @@ sed -n '/^CHUNKS/,/^$/p' "$tmp/report.txt" | head -n 4
 grep -q '^  48 chunks; .* 0 page-ins, 0 page-outs$' "$tmp/report.txt" || fail "expected 48 chunks and no migration"
 grep -qx '  the first 40 (none migrated):' "$tmp/report.txt" || fail "the chunk table does not say none migrated"
 ! grep -q 'the most migrations' "$tmp/report.txt" || fail "the chunk table speaks of migrations none made"
+# Chunk-size advice counts what kernels read in place: at 24 MiB, one 16M chunk fits the
+# GPU and every launch reads the rest in place; that copies least, and is not advised.
+"$report" "$tmp/run.trace" --chunk-size=2M,4M,8M,16M --budget 24M >"$tmp/advice.txt" || fail "advice: exit $?"
+sed -n '/^CHUNK SIZE ADVICE/,$p' "$tmp/advice.txt"
+grep -Eq '^ +16 MiB +6 +96 MiB( +[0-9.]+){4} +[1-9][0-9.]+$' "$tmp/advice.txt" || fail "advice: 16M's in-place bytes not shown"
+grep -q '^  least across PCIe: PSSHIM_CHUNK_SIZE=4M ' "$tmp/advice.txt" || fail "advice: not 4M"
+
 # psshim-report's own outputs: a write that fails exits 3, with a line.
 "$report" "$tmp/run.trace" >/dev/full 2>"$tmp/err"
 status=$?

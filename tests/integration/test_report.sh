@@ -94,7 +94,7 @@ check "plan --lag 1: the lag named" grep -q 'a chunk movable 1 moments after a u
 check "bad --lag exits 1" test $? -eq 1
 check "allocation site symbolized" grep -q 'synth_alloc_params+0x' "$dir/out.txt"
 check "chunk table" grep -Eq '^ +23 +64\.0 ' "$dir/out.txt"
-check "chunk-size ranking" grep -Eq '^  least moved: PSSHIM_CHUNK_SIZE=[0-9]+[KMG]? ' "$dir/out.txt"
+check "chunk-size ranking" grep -Eq '^  least across PCIe: PSSHIM_CHUNK_SIZE=[0-9]+[KMG]? ' "$dir/out.txt"
 check "perfetto JSON is valid" python3 -m json.tool "$dir/run.json" /dev/null
 check "perfetto has slices and counters" \
   bash -c "grep -q '\"ph\":\"X\"' '$dir/run.json' && grep -q '\"ph\":\"C\"' '$dir/run.json'"
@@ -217,11 +217,11 @@ advice() { sed -n '/^CHUNK SIZE ADVICE/,/^$/p' "$1"; }
 "$report" "$dir/run.trace" --chunk-size --budget 24M > "$dir/small.txt" 2>&1
 check "advice at 24 MiB: 32M, 64M and 128M left out" \
   grep -qx '  not replayed, larger than the GPU budget: 32M, 64M, 128M' <(advice "$dir/small.txt")
-check "advice at 24 MiB: a size that fits" grep -Eq '^  least moved: PSSHIM_CHUNK_SIZE=(4|8|16)M ' <(advice "$dir/small.txt")
+check "advice at 24 MiB: a size that fits" grep -Eq '^  least across PCIe: PSSHIM_CHUNK_SIZE=(4|8|16)M ' <(advice "$dir/small.txt")
 check "advice at 24 MiB: no row larger than the budget" bash -c "! grep -Eq '^ +(32|64|128) MiB ' <(sed -n '/^CHUNK SIZE ADVICE/,\$p' '$dir/small.txt')"
 "$report" "$dir/run.trace" --chunk-size=64M --budget 24M > "$dir/none.txt" 2>&1
 check "advice with no size within the budget: none advised" \
-  bash -c "grep -q '^  no chunk size left to replay: give sizes up to 24 MiB' '$dir/none.txt' && ! grep -q 'least moved' '$dir/none.txt'"
+  bash -c "grep -q '^  no chunk size left to replay: give sizes up to 24 MiB' '$dir/none.txt' && ! grep -q 'least across' '$dir/none.txt'"
 "$report" "$dir/run.trace" --chunk-size=12Q > /dev/null 2>&1
 check "bad size exits 1" test $? -eq 1
 "$report" --help | grep -q '^usage: psshim-report FILE'
