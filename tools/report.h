@@ -55,6 +55,7 @@ struct rp_chunks {
 bool rp_chunks_build(const struct rp_trace *t, struct rp_chunks *out);
 /* Where chunk id was at time ts (RP_NONE: not mapped then, or never seen). */
 enum rp_where rp_chunk_at(const struct rp_chunks *cs, uint32_t id, uint64_t ts);
+enum rp_where rp_chunk_where(const struct rp_chunk *c, uint64_t ts); /* of one chunk */
 void rp_chunks_free(struct rp_chunks *cs);
 
 /* ---- derived: the steady phase ---- */

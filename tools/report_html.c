@@ -634,8 +634,9 @@ static bool heat_map(FILE *f, const struct rp_chunks *cs, const struct axis *a, 
       g_ns += ch->gpu_ns, h_ns += ch->host_ns, ins += ch->ins, outs += ch->outs;
       for (size_t s = 0; s < ch->nspans; s++) {
         const struct rp_span *sp = &ch->spans[s];
-        const double from = (double)(sp->from - a->t0), to = (double)(sp->to - a->t0);
-        for (int b = (int)(from / bin); b < COLS && b * bin < to; b++) {
+        if (sp->to <= a->t0 || sp->from >= a->t1) continue; /* off the axis */
+        const double from = sp->from > a->t0 ? (double)(sp->from - a->t0) : 0, to = (double)(sp->to - a->t0);
+        for (int b = from / bin < COLS ? (int)(from / bin) : COLS; b < COLS && b * bin < to; b++) {
           const double lo = b * bin > from ? b * bin : from, hi = (b + 1) * bin < to ? (b + 1) * bin : to;
           if (hi > lo) *(sp->where == RP_GPU ? &gpu[b] : &host[b]) += hi - lo;
         }
