@@ -269,6 +269,9 @@ bool ps_options_parse(char *err, size_t errlen);
 /* One line at the default log level for each PSSHIM_* variable of the environment that the
  * table does not hold (a misspelling would otherwise be ignored without a word). */
 void ps_options_say_unknown(void);
+/* The run's settings for its trace: "policy auto; given: PSSHIM_GPU_BUDGET=24G ...", each
+ * variable of the table the environment sets, as given; buf returned (truncated to fit). */
+const char *ps_options_settings(char *buf, size_t len);
 /* A size for a message: "24.0 MiB", "2.0 TiB", "512 bytes"; buf returned. */
 const char *ps_size_text(uint64_t bytes, char *buf, size_t len);
 /* A setting for a message, as the user gave it: "PSSHIM_GPU_BUDGET=2T (psshim --budget)",

@@ -306,6 +306,22 @@ static const char *nearest_name(const char *name)
   return best;
 }
 
+const char *ps_options_settings(char *buf, size_t len)
+{
+  size_t used = (size_t)snprintf(buf, len, "policy %s; given:", ps_policy_name(ps_options.policy));
+  bool any = false;
+  for (size_t i = 0; i < sizeof option_table / sizeof option_table[0] && used < len; i++) {
+    const char *value = getenv(option_table[i].name);
+    if (value) {
+      used += (size_t)snprintf(buf + used, len - used, " %s=%s", option_table[i].name, value);
+      any = true;
+    }
+  }
+  if (!any && used < len)
+    snprintf(buf + used, len - used, " nothing (every default)");
+  return buf;
+}
+
 void ps_options_say_unknown(void)
 {
   extern char **environ;

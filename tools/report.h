@@ -35,6 +35,11 @@ struct rp_trace {
 bool rp_load(const char *path, struct rp_trace *t, char *err, size_t errlen);
 void rp_free(struct rp_trace *t);
 const char *rp_string(const struct rp_trace *t, uint32_t id); /* "?" when unknown */
+/* The run's settings as the library recorded them at the trace's start (a NOTE that opens
+ * with RP_SETTINGS): "policy auto; given: PSSHIM_GPU_BUDGET=24G ...", after the prefix;
+ * NULL in a trace without one. */
+#define RP_SETTINGS "settings: "
+const char *rp_settings(const struct rp_trace *t);
 
 /* ---- derived: chunk residency, computed once and shared by text and HTML ---- */
 enum rp_where { RP_NONE = 0, RP_GPU, RP_HOST };

@@ -728,6 +728,12 @@ static bool page(FILE *f, const struct rp_trace *t, const struct rp_chunks *cs, 
   rp_html_escape(f, d);
   fprintf(f, ", %.3f s traced, chunks of %s%s</p>\n", rp_secs(t, t->t1), rp_bytes(t->hdr.chunk_size, cb, sizeof cb),
           t->error[0] ? " &mdash; <b>the file is damaged: see the summary</b>" : "");
+  const char *settings = rp_settings(t);
+  if (settings) {
+    fputs("<p class='meta'>Settings: ", f);
+    rp_html_escape(f, settings);
+    fputs("</p>\n", f);
+  }
   glance(f, st);
   if (st->n) {
     fputs("<h2>Steady iterations: time, and bytes against LEAST TRAFFIC</h2>\n", f);

@@ -133,3 +133,10 @@ void rp_free(struct rp_trace *t) {
 const char *rp_string(const struct rp_trace *t, uint32_t id) {
   return id < t->nstrings && t->strings[id] ? t->strings[id] : "?";
 }
+
+const char *rp_settings(const struct rp_trace *t) {
+  for (size_t i = 0; i < t->nev; i++)
+    if (t->ev[i].type == PST_REC_NOTE && strncmp(t->ev[i].note.text, RP_SETTINGS, strlen(RP_SETTINGS)) == 0)
+      return t->ev[i].note.text + strlen(RP_SETTINGS);
+  return NULL;
+}

@@ -41,9 +41,11 @@ static void run_header(const struct rp_trace *t, FILE *f) {
   fprintf(f, "%s\n", any ? "" : " none besides the writer's own");
   if (t->error[0])
     fprintf(f, "  damage      %s; %s unreadable\n", t->error, rp_bytes(t->stats.lost_bytes, a, sizeof a));
+  const char *settings = rp_settings(t);
+  if (settings) fprintf(f, "  settings    %s\n", settings);
   size_t shown = 0;
   for (size_t i = 0; i < t->nev; i++) {
-    if (t->ev[i].type != PST_REC_NOTE) continue;
+    if (t->ev[i].type != PST_REC_NOTE || t->ev[i].note.text == settings - strlen(RP_SETTINGS)) continue;
     if (shown++ < 20)
       fprintf(f, "  note        +%.3f s  %s\n", rp_secs(t, t->ev[i].ts_ns), t->ev[i].note.text);
   }

@@ -140,6 +140,18 @@ sed -n '/^CHUNK SIZE ADVICE/,$p' "$tmp/advice.txt"
 grep -Eq '^ +16 MiB +6 +96 MiB( +[0-9.]+){4} +[1-9][0-9.]+$' "$tmp/advice.txt" || fail "advice: 16M's in-place bytes not shown"
 grep -q '^  least across PCIe: PSSHIM_CHUNK_SIZE=4M ' "$tmp/advice.txt" || fail "advice: not 4M"
 
+# The trace records the run's settings, and the report names them: the policy, the
+# variables as given, and the chunk size and budgets in effect.
+PSSHIM_CUPTI="$FAKE_CUPTI" "$launcher" --policy static --budget 24M --host-budget 256M --chunk-size 6M \
+  --trace "$tmp/set.trace" -- "$prog" 2 8 4 >/dev/null 2>"$tmp/err" || fail "settings run: $(cat "$tmp/err")"
+"$report" "$tmp/set.trace" --html "$tmp/set.html" >"$tmp/set.txt" || fail "settings report: exit $?"
+sed -n '/^RUN/,/^$/p' "$tmp/set.txt"
+grep -q '^  chunks      6 MiB each; GPU budget 24 MiB, host budget 252 MiB$' "$tmp/set.txt" &&
+  grep -q '^  settings    policy static; given: .*PSSHIM_GPU_BUDGET=24M PSSHIM_HOST_BUDGET=256M PSSHIM_CHUNK_SIZE=6M PSSHIM_POLICY=static' \
+    "$tmp/set.txt" || fail "the report does not name the run's settings"
+grep -q "<p class='meta'>Settings: policy static; given: .*PSSHIM_CHUNK_SIZE=6M" "$tmp/set.html" ||
+  fail "the HTML does not name the run's settings"
+
 # psshim-report's own outputs: a write that fails exits 3, with a line.
 "$report" "$tmp/run.trace" >/dev/full 2>"$tmp/err"
 status=$?
