@@ -155,8 +155,24 @@ struct rp_accesses {
 bool rp_accesses_gather(const struct rp_trace *t, struct rp_accesses *a);
 void rp_accesses_free(struct rp_accesses *a);
 
+/* ---- WHAT TO CHANGE: the report's first section, shared by the text and the HTML ---- */
+enum { RP_VERDICT_LINES = 8, RP_VERDICT_LEN = 640 };
+struct rp_verdict {
+  char line[RP_VERDICT_LINES][RP_VERDICT_LEN]; /* sentences, in order */
+  size_t n, tries;                             /* lines; those that name a setting to try */
+};
+/* From the steady iterations, the accesses' window (a: NULL, none gathered) and the
+ * samples. False: out of memory. */
+bool rp_verdict_build(const struct rp_trace *t, const struct rp_chunks *cs, const struct rp_accesses *a,
+                      struct rp_verdict *v);
+/* What a replay of the accesses under OPT at chunk_size and budget moves in its last
+ * iteration: bytes copied in and out, and bytes of chunks read in place. False: out of memory. */
+bool rp_chunk_across(const struct rp_accesses *a, uint64_t chunk_size, uint64_t budget, uint64_t *moved,
+                     uint64_t *in_place);
+
 /* ---- outputs; each returns false after one line on stderr ---- */
-bool rp_text(const struct rp_trace *t, const struct rp_chunks *cs, FILE *out);
+/* The text summary, WHAT TO CHANGE from a (NULL: that section left out) after RUN. */
+bool rp_text(const struct rp_trace *t, const struct rp_chunks *cs, const struct rp_accesses *a, FILE *out);
 /* The PAGE-OUTS section: what came of each chunk the steady phase paged out, up to its next
  * page-in (nothing when there is no steady phase or it paged nothing out). */
 bool rp_pageouts(const struct rp_trace *t, FILE *out);

@@ -270,6 +270,18 @@ static bool replay(const struct rp_accesses *a, uint64_t chunk_size, uint64_t bu
   return rc == 0;
 }
 
+bool rp_chunk_across(const struct rp_accesses *a, uint64_t chunk_size, uint64_t budget, uint64_t *moved_bytes,
+                     uint64_t *in_place) {
+  size_t chunks;
+  uint64_t footprint;
+  psp_sim r;
+  psp_schedule *s = rp_schedule(a, chunk_size, &chunks, &footprint);
+  const bool ok = s && simulate_last(s, budget, PSP_POLICY_OPT, a->periodic ? 3 : 1, &r) == 0;
+  psp_schedule_free(s);
+  if (ok) *moved_bytes = moved(&r), *in_place = r.bytes_in_place;
+  return ok;
+}
+
 /* A size as PSSHIM_CHUNK_SIZE takes it: "64M". */
 static const char *env_size(uint64_t v, char *buf, size_t len) {
   static const char unit[] = "KMGT";

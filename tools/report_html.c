@@ -684,6 +684,7 @@ static const char *STYLE =
     "h1{font-size:22px;margin:0 0 4px}h2{font-size:16px;margin:26px 0 6px}"
     ".meta{color:#555;font-size:13px}.note{color:#666;font-size:12px;margin:2px 0;max-width:1180px}"
     ".glance{font-size:15px;background:#fbf6ee;border-left:4px solid #e8742a;padding:8px 12px;max-width:1160px}"
+    ".verdict{font-size:15px;max-width:1160px;padding-left:22px}.verdict li{margin:4px 0}"
     "svg{display:block}.grid{stroke:#e6e6e6}.frame{fill:none;stroke:#999}"
     ".tick{font-size:11px;fill:#555}.legend{font-size:12px;fill:#333}.panel{font-size:12px;fill:#333;font-weight:600}"
     ".value{font-size:10px;fill:#333;paint-order:stroke;stroke:#fff;stroke-width:2px}"
@@ -734,6 +735,26 @@ static bool page(FILE *f, const struct rp_trace *t, const struct rp_chunks *cs, 
     rp_html_escape(f, settings);
     fputs("</p>\n", f);
   }
+  struct rp_verdict v;
+  if (!rp_verdict_build(t, cs, acc, &v)) {
+    fprintf(stderr, "psshim-report: out of memory\n");
+    return false;
+  }
+  fputs("<h2>What to change</h2>\n<ul class='verdict'>", f);
+  for (size_t i = 0; i < v.n; i++) {
+    fputs("<li>", f);
+    rp_html_escape(f, v.line[i]);
+    fputs("</li>", f);
+  }
+  fputs("</ul>\n<details class='note'><summary>Words used here</summary><b>Read in place</b>: a kernel reads a chunk "
+        "that sits in pinned host memory across PCIe, without moving it. <b>Paged in, out</b>: psshim copied a chunk "
+        "to the GPU or back to host memory. <b>LEAST TRAFFIC</b>: the fewest bytes any placement must bring onto "
+        "the GPU in an iteration at the budget; the time it takes at the link's rate is the run's bound. "
+        "<b>Named in host frames</b>: a launch's argument points into an allocation partly in host memory, so the "
+        "kernel may read that part in place. <b>The pager's turns</b>: its planning and the moves it starts. "
+        "<b>Moments</b>: the launches, copies and collectives psshim observes, in order. <b>OPT</b>: the replay "
+        "that evicts what is needed farthest ahead.</details>\n",
+        f);
   glance(f, st);
   if (st->n) {
     fputs("<h2>Steady iterations: time, and bytes against LEAST TRAFFIC</h2>\n", f);
@@ -785,7 +806,7 @@ bool rp_html(const struct rp_trace *t, const struct rp_chunks *cs, const struct 
     return false;
   }
   FILE *tf = open_memstream(&text, &text_len);
-  bool ok = tf && rp_text(t, cs, tf);
+  bool ok = tf && rp_text(t, cs, a, tf);
   if (tf) fclose(tf);
   FILE *f = ok ? fopen(path, "w") : NULL;
   if (ok && !f) fprintf(stderr, "psshim-report: %s: %s\n", path, strerror(errno));

@@ -160,9 +160,10 @@ int main(int argc, char **argv) {
   struct rp_chunks cs;
   bool ok = rp_chunks_build(&t, &cs);
   if (!ok) fprintf(stderr, "psshim-report: out of memory\n");
-  ok = ok && rp_text(&t, &cs, stdout);
-  struct rp_accesses acc = { 0 }; /* the least-traffic bound, the chunk-size replay and the HTML read one gathering */
+  /* WHAT TO CHANGE, the least-traffic bound, the chunk-size replay and the HTML read one gathering */
+  struct rp_accesses acc = { 0 };
   ok = ok && rp_accesses_gather(&t, &acc);
+  ok = ok && rp_text(&t, &cs, &acc, stdout);
   if (ok) ok = least ? rp_least_traffic(&t, &acc, least, nleast, stdout)
                     : rp_least_traffic(&t, &acc, &t.hdr.gpu_budget, t.hdr.gpu_budget != 0, stdout);
   if (ok) ok = rp_plan(&t, &acc, lag, stdout);

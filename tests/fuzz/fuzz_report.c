@@ -73,7 +73,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
   const uint64_t budget = t.hdr.gpu_budget ? t.hdr.gpu_budget : 16u << 20;
   bool ok = null && rp_chunks_build(&t, &cs);
   if (ok) {
-    ok = rp_text(&t, &cs, null) && rp_accesses_gather(&t, &acc);
+    ok = rp_accesses_gather(&t, &acc) && rp_text(&t, &cs, &acc, null);
     if (ok)
       ok = rp_least_traffic(&t, &acc, &budget, 1, null) && rp_plan(&t, &acc, RP_DEFAULT_LAG, null) &&
            rp_chunk_advice(&acc, sizes, sizeof sizes / sizeof sizes[0], budget, null);

@@ -158,6 +158,20 @@ while IFS='|' read -r direction inplace n median p90 mean; do
 done < <(grep '^moves ' "$dir/fates.expect")
 check "moves: nothing else" test "$(moves "$dir/fates.txt" | grep -cE '^  (in|out) \(')" -eq "$(grep -c '^moves ' "$dir/fates.expect")"
 
+# WHAT TO CHANGE opens the summary after RUN and the HTML page: the bound, what bounded the
+# iteration, and the settings to try (64 MiB chunks replay worse than 4 MiB ones here; the
+# synthetic device has memory free).
+check "what to change: the section after RUN" \
+  awk '/^[A-Z][A-Z ]+$/ { n++; if (n == 1) run = $0 == "RUN"; if (n == 2) what = $0 == "WHAT TO CHANGE" } END { exit !(run && what) }' \
+  "$dir/out.txt"
+what() { sed -n '/^WHAT TO CHANGE/,/^$/p' "$dir/out.txt"; }
+check "what to change: the bound" grep -Eq '^  A steady iteration took [0-9.]+ ms\. The least any placement must bring onto the GPU in one, at this budget, is [0-9.]+ MiB: [0-9.]+ ms at 55 GB/s\. The run took [0-9.]+x that\.$' <(what)
+check "what to change: what bounded it" grep -q '^  What bounded it: ' <(what)
+check "what to change: a chunk size, counting in-place reads" grep -Eq '^  Try --chunk-size 4 MiB \(PSSHIM_CHUNK_SIZE\): .* \([0-9.]+ [GM]iB copied, [0-9.]+ .?B read in place\) where 64 MiB chunks move ' <(what)
+check "what to change: a budget" grep -Eq '^  Try --budget [0-9.]+ GiB \(PSSHIM_GPU_BUDGET; ' <(what)
+check "what to change: the HTML opens with it" \
+  bash -c "grep -o '<h2>[^<]*</h2>' '$dir/run.html' | head -n 1 | grep -qx '<h2>What to change</h2>'"
+
 # One sample's time far ahead (2^63 - 1 ns) in an otherwise valid trace: every output
 # made, nothing drawn outside its chart.
 "$synth" "$dir/far.trace" far > /dev/null
