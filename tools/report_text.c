@@ -45,7 +45,7 @@ static void run_header(const struct rp_trace *t, FILE *f) {
   if (settings) fprintf(f, "  settings    %s\n", settings);
   size_t shown = 0;
   for (size_t i = 0; i < t->nev; i++) {
-    if (t->ev[i].type != PST_REC_NOTE || t->ev[i].note.text == settings - strlen(RP_SETTINGS)) continue;
+    if (t->ev[i].type != PST_REC_NOTE || (settings && t->ev[i].note.text + strlen(RP_SETTINGS) == settings)) continue;
     if (shown++ < 20)
       fprintf(f, "  note        +%.3f s  %s\n", rp_secs(t, t->ev[i].ts_ns), t->ev[i].note.text);
   }

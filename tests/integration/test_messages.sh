@@ -80,13 +80,14 @@ grep -q "^psshim: cannot load the CUDA driver /nonexistent/libcuda.so (.*): pssh
 
 # An option's value left out is not taken for a file named "--"; trace and statistics
 # cannot share a file; a write that fails (a full disk) is said.
-(cd "$tmp" && "$launcher" --stats -- "$prog" 1 1 1) >"$tmp/out" 2>"$tmp/err"
+prog_abs=$(readlink -f "$prog") # the runs below start in $tmp
+(cd "$tmp" && "$launcher" --stats -- "$prog_abs" 1 1 1) >"$tmp/out" 2>"$tmp/err"
 status=$?
 cat "$tmp/err"
 [ $status = 2 ] && [ ! -e "$tmp/--" ] && [ ! -s "$tmp/out" ] &&
   grep -qx "psshim: --stats: needs a value, not the option-like '--' (psshim --help)" "$tmp/err" ||
   fail "--stats --: exit $status"
-(cd "$tmp" && "$launcher" --trace run.bin --stats ./run.bin -- "$prog" 1 1 1) >"$tmp/out" 2>"$tmp/err"
+(cd "$tmp" && "$launcher" --trace run.bin --stats ./run.bin -- "$prog_abs" 1 1 1) >"$tmp/out" 2>"$tmp/err"
 status=$?
 cat "$tmp/err"
 # (The launcher names its option; under the sanitizers the library's own line names the variable.)
