@@ -191,12 +191,15 @@ bool rp_verdict_build(const struct rp_trace *t, const struct rp_chunks *cs, cons
   /* What bounded it, from the estimates. */
   if (m.in + m.out + m.in_place > 0) {
     const double pcie = copies + in_place, pager = m.pager ? m.pager_s : 0;
-    say(v, "Per iteration psshim copied %s in and %s out (about %s at %s rates), and kernels read at most %s of "
-           "host frames in place (about %s at %.0f GB/s)%s%s%s.",
-        rp_bytes((uint64_t)m.in, b, sizeof b), rp_bytes((uint64_t)m.out, c, sizeof c), span(copies, d, sizeof d),
-        measured ? "the run's own" : "the link's", rp_bytes((uint64_t)m.in_place, e, sizeof e),
-        span(in_place, f, sizeof f), PSP_PCIE_IN_PLACE / 1e9, m.pager ? "; the launching threads spent " : "",
-        m.pager ? span(pager, g, sizeof g) : "", m.pager ? " in psshim" : "");
+    char copied[160] = "copied nothing";
+    if (m.in + m.out > 0)
+      snprintf(copied, sizeof copied, "copied %s in and %s out (about %s at %s rates)",
+               rp_bytes((uint64_t)m.in, b, sizeof b), rp_bytes((uint64_t)m.out, c, sizeof c), span(copies, d, sizeof d),
+               measured ? "the run's own" : "the link's");
+    say(v, "Per iteration psshim %s, and kernels read at most %s of host frames in place (about %s at %.0f GB/s)%s%s%s.",
+        copied, rp_bytes((uint64_t)m.in_place, e, sizeof e), span(in_place, f, sizeof f), PSP_PCIE_IN_PLACE / 1e9,
+        m.pager ? "; the launching threads spent " : "", m.pager ? span(pager, g, sizeof g) : "",
+        m.pager ? " in psshim" : "");
     const char *by = copies >= in_place ? "psshim's copies" : "kernels reading host frames in place";
     const double share = T > 0 ? 100 * pcie / T : 0;
     if (pcie >= 0.9 * T)

@@ -154,6 +154,23 @@ grep -q '^  chunks      6 MiB each; GPU budget 24 MiB, host budget 252 MiB$' "$t
 grep -q "<p class='meta'>Settings: policy static; given: .*PSSHIM_CHUNK_SIZE=6M" "$tmp/set.html" ||
   fail "the HTML does not name the run's settings"
 
+# A paging run on the test driver: its HTML page opens with what to change, and its GPU
+# memory chart draws nothing above the budget (the test driver has no memory beside chunks).
+PSSHIM_CUPTI="$FAKE_CUPTI" "$launcher" --budget 24M --host-budget 256M --chunk-size 2M --trace "$tmp/page.trace" \
+  -- "$prog" 12 8 4 >/dev/null 2>"$tmp/err" || fail "paging run: $(cat "$tmp/err")"
+"$report" "$tmp/page.trace" --html "$tmp/page.html" >"$tmp/page.txt" || fail "paging report: exit $?"
+sed -n '/^WHAT TO CHANGE/,/^$/p' "$tmp/page.txt"
+grep -q '^  Try --budget ' "$tmp/page.txt" || fail "paging run: no budget to try"
+[ "$(grep -o '<h2>[^<]*</h2>' "$tmp/page.html" | head -n 1)" = "<h2>What to change</h2>" ] ||
+  fail "paging run: the page does not open with what to change"
+python3 - "$tmp/page.html" <<'PY' || fail "paging run: memory drawn above the budget"
+import re, sys
+svg = open(sys.argv[1]).read().split("<h2>GPU memory over the run</h2>", 1)[1].split("</svg>", 1)[0]
+budget = float(re.search(r"<line[^>]*y1='([0-9.]+)'[^>]*class='budget'", svg).group(1))
+top = min(min(float(v) for v in re.findall(r"V([0-9.]+)", d)) for d in re.findall(r"<path fill='[^']*' d='([^']*)'", svg))
+sys.exit(top < budget - 0.05)
+PY
+
 # psshim-report's own outputs: a write that fails exits 3, with a line.
 "$report" "$tmp/run.trace" >/dev/full 2>"$tmp/err"
 status=$?
