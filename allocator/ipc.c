@@ -227,7 +227,7 @@ CUresult psa_ipc_open(int ordinal, const CUipcMemHandle *handle, CUdeviceptr *p)
   struct import *im = malloc(sizeof *im);
   bool fits = l.chunk_size && l.offset < l.chunk_size && l.nchunks == (uint64_t)n && n > 0 &&
               (l.offset + h.size + l.chunk_size - 1) / l.chunk_size == l.nchunks;
-  bool ok = im && fits && !PS_CU(ps_driver.cuMemAddressReserve(&va, l.nchunks * l.chunk_size, l.chunk_size, 0, 0));
+  bool ok = im && fits && !PS_CU(ps_driver.cuMemAddressReserve(&va, l.nchunks * l.chunk_size, psa_va_align(l.chunk_size), 0, 0));
   if (ok && !map_frames(va, &l, fds, ordinal)) {
     PS_CU(ps_driver.cuMemAddressFree(va, l.nchunks * l.chunk_size));
     ok = false;

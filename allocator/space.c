@@ -23,10 +23,11 @@ static ps_mutex setup_lock = PS_MUTEX_INITIALIZER(PS_RANK_SETUP, "the device set
 /* A configuration the device cannot honour refuses the device, said once: running on with
  * a budget other than the one asked for would mislead, and psshim never ends the program
  * it lives in after start-up, so every allocation on the device fails instead. */
-static bool config_refused(struct device *d, const char *msg, const char *var, uint64_t asked, uint64_t limit)
+static bool config_refused(struct device *d, const char *msg, const char *var, uint64_t limit)
 {
-  ps_error("%s=%llu bytes %s (%llu bytes): set a smaller value; allocations on device %d fail", var,
-           (unsigned long long)asked, msg, (unsigned long long)limit, d->ordinal);
+  char setting[160], size[32];
+  ps_error("%s %s (%s): set a smaller value; allocations on device %d fail",
+           ps_setting_text(var, setting, sizeof setting), msg, ps_size_text(limit, size, sizeof size), d->ordinal);
   d->refused = true;
   return false;
 }
@@ -74,6 +75,20 @@ static uint64_t usable_ram(void)
   return psa_ram_limit(ram, "/proc/self/cgroup", "/sys/fs/cgroup");
 }
 
+/* A budget smaller than one chunk holds none: said, since the run goes on with that
+ * memory unused. */
+static void no_chunk_fits(const struct device *d, const char *var, uint64_t budget, const char *effect)
+{
+  if (budget >= d->chunk_size)
+    return;
+  char setting[160], chunk[64] = "the default", b[32], c[32];
+  if (ps_options.chunk_size && getenv("PSSHIM_CHUNK_SIZE"))
+    snprintf(chunk, sizeof chunk, "PSSHIM_CHUNK_SIZE=%s", getenv("PSSHIM_CHUNK_SIZE"));
+  ps_error("%s: %s on device %d holds no chunk of %s (%s): %s; set a budget of at least %s or a smaller chunk",
+           ps_setting_text(var, setting, sizeof setting), ps_size_text(budget, b, sizeof b), d->ordinal,
+           ps_size_text(d->chunk_size, c, sizeof c), chunk, effect, c);
+}
+
 static bool budgets(struct device *d)
 {
   size_t total = 0;
@@ -82,21 +97,20 @@ static bool budgets(struct device *d)
   uint64_t chunk = d->chunk_size, gpu;
   if (ps_options.gpu_budget) {
     if (ps_options.gpu_budget > total)
-      return config_refused(d, "is above the device's memory", "PSSHIM_GPU_BUDGET", ps_options.gpu_budget, total);
+      return config_refused(d, "is above this device's memory", "PSSHIM_GPU_BUDGET", total);
     gpu = ps_options.gpu_budget;
   } else if (ps_options.gpu_budget_frac > 0) {
     gpu = (uint64_t)((double)total * ps_options.gpu_budget_frac);
   } else {
     uint64_t reserve = ps_options.gpu_reserve ? ps_options.gpu_reserve : (total / 4 < 2 * GiB ? total / 4 : 2 * GiB);
     if (reserve >= total)
-      return config_refused(d, "leaves nothing of the device's memory", "PSSHIM_GPU_RESERVE", reserve, total);
+      return config_refused(d, "leaves nothing of the device's memory", "PSSHIM_GPU_RESERVE", total);
     gpu = total - reserve;
   }
   uint64_t ram = usable_ram(), host;
   if (ps_options.host_budget) {
     if (ram && ps_options.host_budget > ram)
-      return config_refused(d, "is above the memory this process may use", "PSSHIM_HOST_BUDGET",
-                            ps_options.host_budget, ram);
+      return config_refused(d, "is above the memory this process may use", "PSSHIM_HOST_BUDGET", ram);
     host = ps_options.host_budget;
   } else {
     /* 75% by default: the program keeps a quarter; FSDP2's and DeepSpeed's offloads pin
@@ -105,6 +119,8 @@ static bool budgets(struct device *d)
   }
   d->fr.gpu_limit = gpu / chunk;
   d->fr.host_limit = host / chunk;
+  no_chunk_fits(d, "PSSHIM_GPU_BUDGET", gpu, "every chunk lives in host frames and is read in place");
+  no_chunk_fits(d, "PSSHIM_HOST_BUDGET", host, "nothing goes beyond the GPU budget");
   d->stats.gpu_budget = d->fr.gpu_limit * chunk;
   d->stats.host_budget = d->fr.host_limit * chunk;
   d->stats.chunk_size = chunk;
@@ -195,9 +211,10 @@ static bool setup(struct device *d, int ordinal)
   /* Twice the frames' worth of addresses: spans of several chunks fragment the space. */
   d->nchunks = 2 * d->max_frames + 16;
   uint64_t bytes = d->nchunks * d->chunk_size;
-  if (PS_CU(ps_driver.cuMemAddressReserve(&d->base, bytes, d->chunk_size, 0, 0)))
+  if (PS_CU(ps_driver.cuMemAddressReserve(&d->base, bytes, psa_va_align(d->chunk_size), 0, 0)))
     return false;
-  if (PS_CU(ps_driver.cuMemAddressReserve(&d->staging_base, (d->max_frames + 1) * d->chunk_size, d->chunk_size, 0, 0))) {
+  if (PS_CU(ps_driver.cuMemAddressReserve(&d->staging_base, (d->max_frames + 1) * d->chunk_size,
+                                         psa_va_align(d->chunk_size), 0, 0))) {
     PS_CU(ps_driver.cuMemAddressFree(d->base, bytes));
     return false;
   }

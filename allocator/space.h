@@ -352,6 +352,10 @@ static inline bool psa_gpu_frame_available(const struct device *d)
 }
 
 static inline uint64_t psa_round_up(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
+/* The alignment of a range of chunks: the driver takes only a power of two, and a chunk
+ * size is any multiple of the granularity (6M on a node of 3 ranks), so the largest power
+ * of two that divides it. Nothing needs more: chunks are found by subtraction, not masks. */
+static inline uint64_t psa_va_align(uint64_t chunk_size) { return chunk_size & (~chunk_size + 1); }
 
 static inline uint64_t psa_now_ns(void)
 {

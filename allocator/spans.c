@@ -1,5 +1,5 @@
 /* Spans: one chunk, or several consecutive chunks for a tensor larger than a chunk, with
- * tensors sub-allocated inside by first fit over sorted free ranges. A range freed on a
+ * tensors sub-allocated inside by best fit over sorted free ranges. A range freed on a
  * stream stays "pending" on that stream (reusable by that stream at once, since later work
  * there runs after the free) until an event shows the stream has passed the free. */
 #include "allocator/space.h"

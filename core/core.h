@@ -260,6 +260,17 @@ extern struct ps_options ps_options;
 /* Parses every PSSHIM_* variable. On a bad value: one line naming the variable and what it
  * accepts into err (if non-NULL) and false. Never exits: the caller decides. */
 bool ps_options_parse(char *err, size_t errlen);
+/* One line at the default log level for each PSSHIM_* variable of the environment that the
+ * table does not hold (a misspelling would otherwise be ignored without a word). */
+void ps_options_say_unknown(void);
+/* The run's settings for its trace: "policy auto; given: PSSHIM_GPU_BUDGET=24G ...", each
+ * variable of the table the environment sets, as given; buf returned (truncated to fit). */
+const char *ps_options_settings(char *buf, size_t len);
+/* A size for a message: "24.0 MiB", "2.0 TiB", "512 bytes"; buf returned. */
+const char *ps_size_text(uint64_t bytes, char *buf, size_t len);
+/* A setting for a message, as the user gave it: "PSSHIM_GPU_BUDGET=2T (psshim --budget)",
+ * the launcher's option named where one sets the variable; buf returned. */
+const char *ps_setting_text(const char *var, char *buf, size_t len);
 /* Parses "64M", "1.5G", "512", "25%" (percent only when pct is non-NULL). */
 bool ps_parse_size(const char *text, uint64_t *bytes, double *pct);
 

@@ -50,7 +50,8 @@ static void load(void)
     path = "libcuda.so.1";
   void *lib = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
   if (!lib) {
-    ps_log(PS_LOG_WARN, "cannot load %s (%s): psshim passes every call through", path, dlerror());
+    ps_error("cannot load the CUDA driver %s (%s): psshim passes every call through (PSSHIM_LIBCUDA names another)",
+             path, dlerror());
     return;
   }
 #define PS_DRIVER_LOAD(name, ret, args)                                                   \

@@ -215,6 +215,149 @@ static bool parse_one(const struct option_def *o, const char *text, char *why, s
 
 const char *ps_policy_name(enum ps_policy_kind p) { return policy_choices[p]; }
 
+const char *ps_size_text(uint64_t bytes, char *buf, size_t len)
+{
+  static const char *const units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double v = (double)bytes;
+  unsigned u = 0;
+  while (v >= 1024 && u + 1 < sizeof units / sizeof units[0]) {
+    v /= 1024;
+    u++;
+  }
+  if (u == 0)
+    snprintf(buf, len, "%llu bytes", (unsigned long long)bytes);
+  else
+    snprintf(buf, len, "%.1f %s", v, units[u]);
+  return buf;
+}
+
+/* The launcher's options (tools/psshim.in), by the variable each sets: a message about a
+ * value found after start names the option as well, since the user may have typed it. */
+static const char *const launcher_options[][2] = {
+    {"PSSHIM_GPU_BUDGET", "--budget"}, {"PSSHIM_HOST_BUDGET", "--host-budget"},
+    {"PSSHIM_CHUNK_SIZE", "--chunk-size"}, {"PSSHIM_POLICY", "--policy"}, {"PSSHIM_TRACE", "--trace"},
+    {"PSSHIM_STATS", "--stats"}, {"PSSHIM_LOG", "--log"},
+};
+
+const char *ps_setting_text(const char *var, char *buf, size_t len)
+{
+  const char *value = getenv(var), *option = NULL;
+  for (size_t i = 0; i < sizeof launcher_options / sizeof launcher_options[0]; i++)
+    if (strcmp(var, launcher_options[i][0]) == 0)
+      option = launcher_options[i][1];
+  snprintf(buf, len, "%s%s%s%s%s%s", var, value ? "=" : "'s default", value ? value : "", option ? " (psshim " : "",
+           option ? option : "", option ? ")" : "");
+  return buf;
+}
+
+/* Edits (insert, delete, replace) from a to b, for names up to 63 characters (else 99). */
+static unsigned edits(const char *a, const char *b)
+{
+  size_t n = strlen(a), m = strlen(b);
+  if (n > 63 || m > 63)
+    return 99;
+  unsigned row[64];
+  for (size_t j = 0; j <= m; j++)
+    row[j] = (unsigned)j;
+  for (size_t i = 1; i <= n; i++) {
+    unsigned diag = row[0];
+    row[0] = (unsigned)i;
+    for (size_t j = 1; j <= m; j++) {
+      unsigned up = row[j], best = diag + (a[i - 1] != b[j - 1]);
+      if (up + 1 < best)
+        best = up + 1;
+      if (row[j - 1] + 1 < best)
+        best = row[j - 1] + 1;
+      diag = up;
+      row[j] = best;
+    }
+  }
+  return row[m];
+}
+
+/* The table's name nearest a misspelt one: a name containing it (PSSHIM_BUDGET in
+ * PSSHIM_GPU_BUDGET), else one at most two edits away (one, for a short name); NULL if
+ * none. */
+static const char *nearest_name(const char *name)
+{
+  const char *best = NULL;
+  unsigned best_edits = strlen(name) > strlen("PSSHIM_") + 4 ? 3 : 2;
+  for (size_t i = 0; i < sizeof option_table / sizeof option_table[0]; i++) {
+    const char *known = option_table[i].name;
+    if (strstr(known, name + strlen("PSSHIM")))
+      return known;
+    unsigned e = edits(name, known);
+    if (e < best_edits) {
+      best = known;
+      best_edits = e;
+    }
+  }
+  return best;
+}
+
+const char *ps_options_settings(char *buf, size_t len)
+{
+  size_t used = (size_t)snprintf(buf, len, "policy %s; given:", ps_policy_name(ps_options.policy));
+  bool any = false;
+  for (size_t i = 0; i < sizeof option_table / sizeof option_table[0] && used < len; i++) {
+    const char *value = getenv(option_table[i].name);
+    if (value) {
+      used += (size_t)snprintf(buf + used, len - used, " %s=%s", option_table[i].name, value);
+      any = true;
+    }
+  }
+  if (!any && used < len)
+    snprintf(buf + used, len - used, " nothing (every default)");
+  return buf;
+}
+
+void ps_options_say_unknown(void)
+{
+  extern char **environ;
+  for (char **e = environ; e && *e; e++) {
+    const char *eq = strchr(*e, '=');
+    size_t len = eq ? (size_t)(eq - *e) : strlen(*e);
+    char name[128];
+    if (strncmp(*e, "PSSHIM_", 7) || len >= sizeof name)
+      continue;
+    memcpy(name, *e, len);
+    name[len] = '\0';
+    bool known = false;
+    for (size_t i = 0; !known && i < sizeof option_table / sizeof option_table[0]; i++)
+      known = strcmp(name, option_table[i].name) == 0;
+    if (known)
+      continue;
+    const char *near = nearest_name(name);
+    ps_error("%s is not a psshim setting, so it is ignored%s%s%s; README.md's Configuration lists them", name,
+             near ? " (did you mean " : "", near ? near : "", near ? "?)" : "");
+  }
+}
+
+static const char *option_table_accepts(const char *name)
+{
+  for (size_t i = 0; i < sizeof option_table / sizeof option_table[0]; i++)
+    if (strcmp(option_table[i].name, name) == 0)
+      return option_table[i].accepts;
+  return "";
+}
+
+/* Whether two paths writable_file accepted name one file: the same file where it exists,
+ * else the same name in the same folder (./s.json and s.json). */
+static bool same_file(const char *a, const char *b)
+{
+  struct stat sa, sb;
+  if (stat(a, &sa) == 0 && stat(b, &sb) == 0)
+    return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+  char ca[PATH_MAX], cb[PATH_MAX], da[PATH_MAX], db[PATH_MAX];
+  snprintf(ca, sizeof ca, "%s", a);
+  snprintf(cb, sizeof cb, "%s", b);
+  if (!realpath(dirname(ca), da) || !realpath(dirname(cb), db))
+    return false;
+  snprintf(ca, sizeof ca, "%s", a);
+  snprintf(cb, sizeof cb, "%s", b);
+  return strcmp(da, db) == 0 && strcmp(basename(ca), basename(cb)) == 0;
+}
+
 bool ps_options_parse(char *err, size_t errlen)
 {
   memset(&ps_options, 0, sizeof ps_options);
@@ -233,6 +376,14 @@ bool ps_options_parse(char *err, size_t errlen)
                  o->name, o->accepts, o->def ? "; default " : "", o->def ? o->def : "");
       return false;
     }
+  }
+  /* Trace and statistics written to one file would overwrite each other at exit. */
+  if (ps_options.trace_path && stats_text && strcmp(stats_text, "0") && strcmp(stats_text, "1") &&
+      same_file(ps_options.trace_path, stats_text)) {
+    if (err)
+      snprintf(err, errlen, "PSSHIM_STATS=%s is not valid: it names PSSHIM_TRACE's file too; PSSHIM_STATS accepts %s",
+               stats_text, option_table_accepts("PSSHIM_STATS"));
+    return false;
   }
   ps_options.keep_torch_allocator = torch_alloc_choice == 1;
   ps_options.stats = stats_text && strcmp(stats_text, "0") != 0;

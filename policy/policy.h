@@ -149,6 +149,8 @@ typedef struct psp_sim {
   uint64_t page_outs, bytes_out;  /* evictions of chunks written since paged in */
   uint64_t drops;                 /* evictions of clean chunks: no copy */
   uint64_t in_place_moments;      /* moments that touched a chunk left in host memory */
+  uint64_t bytes_in_place;        /* those chunks' bytes, each moment's counted: at most what
+                                     the kernels read across PCIe */
 } psp_sim;
 
 /* Replays `iterations` iterations of a sealed schedule from a cold start (every chunk in

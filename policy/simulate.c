@@ -104,11 +104,16 @@ int psp_simulate(const psp_schedule *s, uint64_t budget, psp_policy policy,
       if (x.where[c] != NOT_RESIDENT) {
         x.state[c].dirty |= uses[i].written;
       } else if (policy == PSP_POLICY_STATIC) {
-        if (!decided[c] && x.used + bytes <= room) page_in(&x, c, uses[i].written);
-        else host = true;
+        if (!decided[c] && x.used + bytes <= room) {
+          page_in(&x, c, uses[i].written);
+        } else {
+          host = true;
+          out->bytes_in_place += bytes;
+        }
         decided[c] = true;
       } else if (pinned + bytes > room) {
         host = true;  /* cannot fit beside what this moment already holds */
+        out->bytes_in_place += bytes;
       } else {
         while (x.used + bytes > room && evict_one(&x, m)) continue;
         page_in(&x, c, uses[i].written);

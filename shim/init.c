@@ -34,6 +34,7 @@ __attribute__((constructor)) static void psshim_start(void)
     exit(2); /* as the launcher's for a bad option: the program never ran */
   }
   ps_log_level = ps_options.log_level;
+  ps_options_say_unknown();
   options_ok = true;
   if (ps_options.disabled)
     return;
@@ -62,5 +63,9 @@ __attribute__((destructor)) static void psshim_end(void)
     return;
   }
   psa_stats_write(f, true, &progress);
-  fclose(f);
+  /* A full disk fails at the flush: said, since the file is what the user asked for. */
+  const bool failed = ferror(f);
+  if (fclose(f) != 0 || failed)
+    ps_error("PSSHIM_STATS=%s: writing the statistics failed: %s", ps_options.stats_path,
+             failed ? "write error" : strerror(errno));
 }

@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #define MAX_PERIOD 65536     /* launches per iteration that can be recognised */
@@ -248,13 +249,18 @@ static void start(const struct pst_trace_header *h, void *user)
   if (used_at_start > CONTEXT_MOST)
     used_at_start = CONTEXT_MOST;
   bool tracing = ps_options.trace_path && pst_trace_open(ps_options.trace_path, h);
+  if (tracing) { /* the header has the budgets and chunk size in effect; these, as asked */
+    char text[1024] = "settings: ";
+    ps_options_settings(text + strlen(text), sizeof text - strlen(text));
+    pst_trace_emit(&(struct pst_record){.type = PST_REC_NOTE, .note = {.len = 0, .text = text}});
+  }
   if (!tracing && ps_options.policy == PS_POLICY_STATIC)
     return; /* nothing to observe for */
   /* Two repeats, not three: on the 2.68B GPT's trace replayed here the step's period came
    * at launch 27062 instead of 31721, a step sooner, and every test still finds its own. */
   detector = psp_period_new(MAX_PERIOD, 2, 0.02);
   history = calloc(HISTORY, sizeof *history); /* without it, periods are judged as boundaries come */
-  struct pst_observer o = {.moment = on_moment, .claims = claims};
+  struct pst_observer o = {.moment = on_moment, .claims = claims, .required = ps_options.policy != PS_POLICY_STATIC};
   pst_observe_start(&o);
   if (tracing) {
     if (PS_CU(ps_driver.cuCtxGetCurrent(&sampler_ctx)))

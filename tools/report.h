@@ -35,6 +35,11 @@ struct rp_trace {
 bool rp_load(const char *path, struct rp_trace *t, char *err, size_t errlen);
 void rp_free(struct rp_trace *t);
 const char *rp_string(const struct rp_trace *t, uint32_t id); /* "?" when unknown */
+/* The run's settings as the library recorded them at the trace's start (a NOTE that opens
+ * with RP_SETTINGS): "policy auto; given: PSSHIM_GPU_BUDGET=24G ...", after the prefix;
+ * NULL in a trace without one. */
+#define RP_SETTINGS "settings: "
+const char *rp_settings(const struct rp_trace *t);
 
 /* ---- derived: chunk residency, computed once and shared by text and HTML ---- */
 enum rp_where { RP_NONE = 0, RP_GPU, RP_HOST };
@@ -55,6 +60,7 @@ struct rp_chunks {
 bool rp_chunks_build(const struct rp_trace *t, struct rp_chunks *out);
 /* Where chunk id was at time ts (RP_NONE: not mapped then, or never seen). */
 enum rp_where rp_chunk_at(const struct rp_chunks *cs, uint32_t id, uint64_t ts);
+enum rp_where rp_chunk_where(const struct rp_chunk *c, uint64_t ts); /* of one chunk */
 void rp_chunks_free(struct rp_chunks *cs);
 
 /* ---- derived: the steady phase ---- */
@@ -149,8 +155,24 @@ struct rp_accesses {
 bool rp_accesses_gather(const struct rp_trace *t, struct rp_accesses *a);
 void rp_accesses_free(struct rp_accesses *a);
 
+/* ---- WHAT TO CHANGE: the report's first section, shared by the text and the HTML ---- */
+enum { RP_VERDICT_LINES = 8, RP_VERDICT_LEN = 640 };
+struct rp_verdict {
+  char line[RP_VERDICT_LINES][RP_VERDICT_LEN]; /* sentences, in order */
+  size_t n, tries;                             /* lines; those that name a setting to try */
+};
+/* From the steady iterations, the accesses' window (a: NULL, none gathered) and the
+ * samples. False: out of memory. */
+bool rp_verdict_build(const struct rp_trace *t, const struct rp_chunks *cs, const struct rp_accesses *a,
+                      struct rp_verdict *v);
+/* What a replay of the accesses under OPT at chunk_size and budget moves in its last
+ * iteration: bytes copied in and out, and bytes of chunks read in place. False: out of memory. */
+bool rp_chunk_across(const struct rp_accesses *a, uint64_t chunk_size, uint64_t budget, uint64_t *moved,
+                     uint64_t *in_place);
+
 /* ---- outputs; each returns false after one line on stderr ---- */
-bool rp_text(const struct rp_trace *t, const struct rp_chunks *cs, FILE *out);
+/* The text summary, WHAT TO CHANGE from a (NULL: that section left out) after RUN. */
+bool rp_text(const struct rp_trace *t, const struct rp_chunks *cs, const struct rp_accesses *a, FILE *out);
 /* The PAGE-OUTS section: what came of each chunk the steady phase paged out, up to its next
  * page-in (nothing when there is no steady phase or it paged nothing out). */
 bool rp_pageouts(const struct rp_trace *t, FILE *out);
@@ -160,8 +182,8 @@ bool rp_pageouts(const struct rp_trace *t, FILE *out);
 bool rp_moves(const struct rp_trace *t, const struct rp_chunks *cs, FILE *out);
 bool rp_perfetto(const struct rp_trace *t, const char *path);
 bool rp_html(const struct rp_trace *t, const struct rp_chunks *cs, const struct rp_accesses *a, const char *path);
-/* The recorded accesses packed first-fit into chunks of chunk_size, as the allocator
- * would, as a sealed schedule; every touch counts as a write (the trace does not say
+/* The recorded accesses packed by best fit into chunks of chunk_size, as the allocator
+ * packs its spans, as a sealed schedule; every touch counts as a write (the trace does not say
  * which pointers a kernel wrote), and a chunk is empty (psp_schedule_empty) between the
  * last touch of what was freed in it and the first touch of what was allocated in it.
  * Sets *chunks and the chunks' peak *footprint. NULL: out of memory. */
@@ -176,7 +198,7 @@ bool rp_least_bound(const struct rp_accesses *a, const uint64_t *budgets, size_t
                     uint64_t *read_all);
 /* A PLAN section: policy/'s steady plan for the accesses' window at the run's budget
  * and chunk size, beside the least traffic and what the run paged then. */
-#define RP_DEFAULT_LAG 256 /* PSSHIM_RUNAHEAD's default: the host runs that many launches ahead */
+#define RP_DEFAULT_LAG 0 /* auto's owner waits for the GPU: a chunk is movable once its use has run */
 bool rp_plan(const struct rp_trace *t, const struct rp_accesses *a, uint32_t lag, FILE *out);
 /* The same as a LEAST TRAFFIC section; t gives what was paged in then. */
 bool rp_least_traffic(const struct rp_trace *t, const struct rp_accesses *a, const uint64_t *budgets, size_t n,

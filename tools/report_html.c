@@ -141,18 +141,40 @@ static void mark_ticks(FILE *f, const struct rp_trace *t, const struct axis *a, 
   fputc('\n', f);
 }
 
-/* Peak of s in each of BINS time bins (peaks survive the squeeze into pixels). */
-static void bin_peaks(const struct series *s, const struct axis *a, double *out) {
-  const double width = (double)(a->t1 - a->t0) / BINS;
-  for (int b = 0; b < BINS; b++) out[b] = 0;
-  for (size_t i = 0; i < s->n; i++) {
-    const uint64_t from = s->t[i], to = i + 1 < s->n ? s->t[i + 1] : a->t1;
-    int b0 = (int)((double)(from > a->t0 ? from - a->t0 : 0) / width);
-    int b1 = (int)((double)(to > a->t0 ? to - a->t0 : 0) / width);
-    if (b0 >= BINS) b0 = BINS - 1;
-    if (b1 >= BINS) b1 = BINS - 1;
-    for (int b = b0; b <= b1; b++)
-      if ((double)s->v[i] > out[b]) out[b] = (double)s->v[i];
+/* The bin of time t on axis a, within 0 .. BINS - 1 (a time far outside the axis, from a
+ * damaged or odd trace, is clamped before it becomes an int). */
+static int bin_of(const struct axis *a, uint64_t t) {
+  if (t <= a->t0) return 0;
+  const double b = (double)(t - a->t0) / ((double)(a->t1 - a->t0) / BINS);
+  return b >= BINS - 1 ? BINS - 1 : (int)b;
+}
+
+struct layer { const struct series *s; const char *color, *label; };
+enum { MAX_LAYERS = 3 };
+
+/* Each layer's value, in each of BINS time bins, at the moment the layers' sum peaks there:
+ * the stack shows what was in use at one moment. Peaks of each layer taken apart would
+ * stack values of different moments, a sum never reached. The layers share one time line
+ * (memory_build adds a point to each at once). */
+static void bin_stack(const struct layer *layers, int nlayers, const struct axis *a, double out[][BINS]) {
+  static double best[BINS];
+  size_t n = layers[0].s->n;
+  for (int l = 0; l < nlayers; l++) {
+    if (layers[l].s->n < n) n = layers[l].s->n;
+    for (int b = 0; b < BINS; b++) out[l][b] = 0;
+  }
+  for (int b = 0; b < BINS; b++) best[b] = -1;
+  const struct series *s = layers[0].s;
+  for (size_t i = 0; i < n; i++) {
+    const uint64_t from = s->t[i], to = i + 1 < n ? s->t[i + 1] : a->t1;
+    if (to < a->t0 || from > a->t1) continue; /* outside the chart */
+    double sum = 0;
+    for (int l = 0; l < nlayers; l++) sum += (double)layers[l].s->v[i];
+    for (int b = bin_of(a, from), b1 = bin_of(a, to); b <= b1; b++)
+      if (sum > best[b]) {
+        best[b] = sum;
+        for (int l = 0; l < nlayers; l++) out[l][b] = (double)layers[l].s->v[i];
+      }
   }
 }
 
@@ -186,8 +208,6 @@ static void y_grid(FILE *f, double ymax, double unit, const char *suffix, double
   }
 }
 
-struct layer { const struct series *s; const char *color, *label; };
-
 static void legend(FILE *f, int x, const char *color, const char *label) {
   fprintf(f, "<rect x='%d' y='8' width='12' height='12' fill='%s'/><text x='%d' y='18' class='legend'>%s</text>", x,
           color, x + 16, label);
@@ -198,15 +218,14 @@ static void legend(FILE *f, int x, const char *color, const char *label) {
 static void memory_chart(FILE *f, const struct rp_trace *t, const struct rp_laps *laps, const struct axis *a,
                          const char *title, const struct layer *layers, int nlayers, uint64_t budget) {
   enum { H = 200, TOP = 40, BOTTOM = 24 };
-  static double lower[BINS], upper[BINS], peak[BINS];
+  static double lower[BINS], upper[BINS], vals[MAX_LAYERS][BINS];
   double ymax = 0;
-  for (int b = 0; b < BINS; b++) upper[b] = 0;
-  for (int l = 0; l < nlayers; l++) {
-    bin_peaks(layers[l].s, a, peak);
-    for (int b = 0; b < BINS; b++) {
-      upper[b] += peak[b];
-      if (upper[b] > ymax) ymax = upper[b];
-    }
+  if (nlayers > MAX_LAYERS) nlayers = MAX_LAYERS;
+  bin_stack(layers, nlayers, a, vals);
+  for (int b = 0; b < BINS; b++) {
+    double sum = 0;
+    for (int l = 0; l < nlayers; l++) sum += vals[l][b];
+    if (sum > ymax) ymax = sum;
   }
   const bool drawn = budget_on_scale(budget, ymax);
   if (drawn && (double)budget > ymax) ymax = (double)budget;
@@ -220,8 +239,7 @@ static void memory_chart(FILE *f, const struct rp_trace *t, const struct rp_laps
   time_ticks(f, a, TOP, TOP + H);
   for (int b = 0; b < BINS; b++) lower[b] = upper[b] = 0;
   for (int l = 0; l < nlayers; l++) {
-    bin_peaks(layers[l].s, a, peak);
-    for (int b = 0; b < BINS; b++) upper[b] = lower[b] + peak[b];
+    for (int b = 0; b < BINS; b++) upper[b] = lower[b] + vals[l][b];
     band(f, lower, upper, TOP, H, ymax, layers[l].color);
     memcpy(lower, upper, sizeof lower);
   }
@@ -616,8 +634,9 @@ static bool heat_map(FILE *f, const struct rp_chunks *cs, const struct axis *a, 
       g_ns += ch->gpu_ns, h_ns += ch->host_ns, ins += ch->ins, outs += ch->outs;
       for (size_t s = 0; s < ch->nspans; s++) {
         const struct rp_span *sp = &ch->spans[s];
-        const double from = (double)(sp->from - a->t0), to = (double)(sp->to - a->t0);
-        for (int b = (int)(from / bin); b < COLS && b * bin < to; b++) {
+        if (sp->to <= a->t0 || sp->from >= a->t1) continue; /* off the axis */
+        const double from = sp->from > a->t0 ? (double)(sp->from - a->t0) : 0, to = (double)(sp->to - a->t0);
+        for (int b = from / bin < COLS ? (int)(from / bin) : COLS; b < COLS && b * bin < to; b++) {
           const double lo = b * bin > from ? b * bin : from, hi = (b + 1) * bin < to ? (b + 1) * bin : to;
           if (hi > lo) *(sp->where == RP_GPU ? &gpu[b] : &host[b]) += hi - lo;
         }
@@ -665,6 +684,7 @@ static const char *STYLE =
     "h1{font-size:22px;margin:0 0 4px}h2{font-size:16px;margin:26px 0 6px}"
     ".meta{color:#555;font-size:13px}.note{color:#666;font-size:12px;margin:2px 0;max-width:1180px}"
     ".glance{font-size:15px;background:#fbf6ee;border-left:4px solid #e8742a;padding:8px 12px;max-width:1160px}"
+    ".verdict{font-size:15px;max-width:1160px;padding-left:22px}.verdict li{margin:4px 0}"
     "svg{display:block}.grid{stroke:#e6e6e6}.frame{fill:none;stroke:#999}"
     ".tick{font-size:11px;fill:#555}.legend{font-size:12px;fill:#333}.panel{font-size:12px;fill:#333;font-weight:600}"
     ".value{font-size:10px;fill:#333;paint-order:stroke;stroke:#fff;stroke-width:2px}"
@@ -709,6 +729,32 @@ static bool page(FILE *f, const struct rp_trace *t, const struct rp_chunks *cs, 
   rp_html_escape(f, d);
   fprintf(f, ", %.3f s traced, chunks of %s%s</p>\n", rp_secs(t, t->t1), rp_bytes(t->hdr.chunk_size, cb, sizeof cb),
           t->error[0] ? " &mdash; <b>the file is damaged: see the summary</b>" : "");
+  const char *settings = rp_settings(t);
+  if (settings) {
+    fputs("<p class='meta'>Settings: ", f);
+    rp_html_escape(f, settings);
+    fputs("</p>\n", f);
+  }
+  struct rp_verdict v;
+  if (!rp_verdict_build(t, cs, acc, &v)) {
+    fprintf(stderr, "psshim-report: out of memory\n");
+    return false;
+  }
+  fputs("<h2>What to change</h2>\n<ul class='verdict'>", f);
+  for (size_t i = 0; i < v.n; i++) {
+    fputs("<li>", f);
+    rp_html_escape(f, v.line[i]);
+    fputs("</li>", f);
+  }
+  fputs("</ul>\n<details class='note'><summary>Words used here</summary><b>Read in place</b>: a kernel reads a chunk "
+        "that sits in pinned host memory across PCIe, without moving it. <b>Paged in, out</b>: psshim copied a chunk "
+        "to the GPU or back to host memory. <b>LEAST TRAFFIC</b>: the fewest bytes any placement must bring onto "
+        "the GPU in an iteration at the budget; the time it takes at the link's rate is the run's bound. "
+        "<b>Named in host frames</b>: a launch's argument points into an allocation partly in host memory, so the "
+        "kernel may read that part in place. <b>The pager's turns</b>: its planning and the moves it starts. "
+        "<b>Moments</b>: the launches, copies and collectives psshim observes, in order. <b>OPT</b>: the replay "
+        "that evicts what is needed farthest ahead.</details>\n",
+        f);
   glance(f, st);
   if (st->n) {
     fputs("<h2>Steady iterations: time, and bytes against LEAST TRAFFIC</h2>\n", f);
@@ -720,7 +766,7 @@ static bool page(FILE *f, const struct rp_trace *t, const struct rp_chunks *cs, 
   const struct layer host[] = { { &m->host, HOST_COLOR, "chunks on host" } };
   memory_chart(f, t, laps, &a, "GPU memory over the run", gpu, m->sampled ? 2 : 1, t->hdr.gpu_budget);
   memory_chart(f, t, laps, &a, "Host memory (pinned) over the run", host, 1, t->hdr.host_budget);
-  fprintf(f, "<p class='note'>%s Per-pixel peaks. Ticks above a chart: iteration marks; shaded: alternate steady "
+  fprintf(f, "<p class='note'>%s Each pixel shows the moment of its highest total. Ticks above a chart: iteration marks; shaded: alternate steady "
              "iterations.</p>\n",
           m->sampled ? "From SAMPLE records." : "No SAMPLE records: rebuilt from chunk residency; non-model memory unknown.");
   if (acc->periodic) {
@@ -760,7 +806,7 @@ bool rp_html(const struct rp_trace *t, const struct rp_chunks *cs, const struct 
     return false;
   }
   FILE *tf = open_memstream(&text, &text_len);
-  bool ok = tf && rp_text(t, cs, tf);
+  bool ok = tf && rp_text(t, cs, a, tf);
   if (tf) fclose(tf);
   FILE *f = ok ? fopen(path, "w") : NULL;
   if (ok && !f) fprintf(stderr, "psshim-report: %s: %s\n", path, strerror(errno));

@@ -7,11 +7,17 @@
 static void *copy_of(const void *p, size_t n) {
   void *d = malloc(n + 1); /* +1: texts get a NUL */
   if (d) {
-    memcpy(d, p, n);
+    if (n) memcpy(d, p, n); /* an empty array may have no storage (a LAUNCH of no pointers) */
     ((char *)d)[n] = '\0';
   }
   return d;
 }
+
+/* Distinct strings or stacks a trace may name: 4M, far above a real run's thousands. */
+#define RP_MAX_ID (1u << 22)
+/* Chunks a device's space may hold: 8M, 16 TiB of 2 MiB chunks, twice the frames of the
+ * largest host budget of today's machines. */
+#define RP_MAX_CHUNKS (1ull << 23)
 
 struct order { uint64_t ts; size_t i; };
 static int by_time(const void *a, const void *b) {
@@ -47,6 +53,14 @@ bool rp_load(const char *path, struct rp_trace *t, char *err, size_t errlen) {
   struct pst_reader *rd = pst_reader_open(path, err, errlen);
   if (!rd) return false;
   t->hdr = *pst_reader_header(rd);
+  /* More chunks than any device's space holds: a damaged header, whose tables by chunk
+   * would not fit in memory. The space is left out (nothing lies in it). */
+  if (t->hdr.chunk_size && t->hdr.space_size / t->hdr.chunk_size > RP_MAX_CHUNKS) {
+    snprintf(t->error, sizeof t->error, "the header's chunk space (%llu bytes in chunks of %llu) is past any device's "
+             "(damaged?); nothing is placed in it", (unsigned long long)t->hdr.space_size,
+             (unsigned long long)t->hdr.chunk_size);
+    t->hdr.space_size = 0;
+  }
   size_t cap_ev = 0, cap_str = 0, cap_stk = 0;
   struct pst_record r;
   bool ok = true;
@@ -54,6 +68,15 @@ bool rp_load(const char *path, struct rp_trace *t, char *err, size_t errlen) {
     /* The run's span is its activity: strings and stacks are stamped when the dictionary
      * was written, END when the file was closed. */
     if (r.type > PST_REC_STACK && r.type != PST_REC_END && r.ts_ns > t->t1) t->t1 = r.ts_ns;
+    /* Ids are handed out one by one from 1: one past any real run's count is damage, and
+     * a table of its size would not fit in memory. */
+    const uint32_t id = r.type == PST_REC_STRING ? r.string.id : r.type == PST_REC_STACK ? r.stack.id : 0;
+    if (id > RP_MAX_ID) {
+      if (!t->error[0])
+        snprintf(t->error, sizeof t->error, "a %s record's id %u is past any real run's (damaged?); it is skipped",
+                 r.type == PST_REC_STRING ? "STRING" : "STACK", id);
+      continue;
+    }
     switch (r.type) {
     case PST_REC_STRING:
       ok = rp_reserve((void **)&t->strings, &cap_str, r.string.id, sizeof *t->strings);
@@ -81,7 +104,7 @@ bool rp_load(const char *path, struct rp_trace *t, char *err, size_t errlen) {
     if (ok) t->ev[t->nev++] = r;
   }
   t->stats = pst_reader_stats(rd);
-  if (pst_reader_error(rd)) snprintf(t->error, sizeof t->error, "%s", pst_reader_error(rd));
+  if (pst_reader_error(rd) && !t->error[0]) snprintf(t->error, sizeof t->error, "%s", pst_reader_error(rd));
   pst_reader_close(rd);
   if (!ok || !sort_events(t)) {
     snprintf(err, errlen, "%s: out of memory", path);
@@ -109,4 +132,11 @@ void rp_free(struct rp_trace *t) {
 
 const char *rp_string(const struct rp_trace *t, uint32_t id) {
   return id < t->nstrings && t->strings[id] ? t->strings[id] : "?";
+}
+
+const char *rp_settings(const struct rp_trace *t) {
+  for (size_t i = 0; i < t->nev; i++)
+    if (t->ev[i].type == PST_REC_NOTE && strncmp(t->ev[i].note.text, RP_SETTINGS, strlen(RP_SETTINGS)) == 0)
+      return t->ev[i].note.text + strlen(RP_SETTINGS);
+  return NULL;
 }

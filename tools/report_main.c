@@ -1,11 +1,12 @@
 /* psshim-report: reads a psshim trace and tells what happened (see usage below). */
+#include <errno.h>
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "tools/report.h"
 
-enum { EXIT_OK = 0, EXIT_USAGE = 1, EXIT_TRACE = 2 };
+enum { EXIT_OK = 0, EXIT_USAGE = 1, EXIT_TRACE = 2, EXIT_OUTPUT = 3 };
 #define DEFAULT_SIZES "4M,8M,16M,32M,64M,128M"
 
 static void usage(void) {
@@ -34,18 +35,20 @@ static void usage(void) {
           "                         (multiples of 2M, default " DEFAULT_SIZES "; those larger\n"
           "                         than the budget left out) through the OPT and LRU\n"
           "                         simulators and name the one that moves the fewest bytes\n"
-          "                         (under demand paging: a ranking of copies, not of step time)\n"
+          "                         across PCIe, copied or read in place (under demand paging:\n"
+          "                         a ranking of bytes, not of step time)\n"
           "  --budget SIZE          GPU budget for --chunk-size (default: the run's)\n"
           "  --least=LIST           the LEAST TRAFFIC bound at each GPU budget in LIST (default:\n"
           "                         the run's): the bytes any placement must bring onto the GPU\n"
           "                         in the steady iteration, whatever pages or is read in place\n"
           "  --lag N                the launches a chunk stays busy after a use in PLAN (default:\n"
-          "                         256, PSSHIM_RUNAHEAD's default): what the plan could do were\n"
-          "                         the host held closer to the GPU\n"
+          "                         0, as auto's owner plans): what the plan could do were\n"
+          "                         moves kept that far behind the launches\n"
           "  --help, --version\n"
           "\n"
           "Sizes take K, M, G, T (binary) suffixes. Exit status: 0 ok; 1 bad usage; 2 the file\n"
-          "cannot be read or is damaged (what was readable is still reported).\n");
+          "cannot be read or is damaged (what was readable is still reported); 3 a report could\n"
+          "not be written whole (an output that fails to write, memory that runs out).\n");
 }
 
 static bool parse_sizes(const char *list, uint64_t **out, size_t *n) {
@@ -157,9 +160,10 @@ int main(int argc, char **argv) {
   struct rp_chunks cs;
   bool ok = rp_chunks_build(&t, &cs);
   if (!ok) fprintf(stderr, "psshim-report: out of memory\n");
-  ok = ok && rp_text(&t, &cs, stdout);
-  struct rp_accesses acc = { 0 }; /* the least-traffic bound, the chunk-size replay and the HTML read one gathering */
+  /* WHAT TO CHANGE, the least-traffic bound, the chunk-size replay and the HTML read one gathering */
+  struct rp_accesses acc = { 0 };
   ok = ok && rp_accesses_gather(&t, &acc);
+  ok = ok && rp_text(&t, &cs, &acc, stdout);
   if (ok) ok = least ? rp_least_traffic(&t, &acc, least, nleast, stdout)
                     : rp_least_traffic(&t, &acc, &t.hdr.gpu_budget, t.hdr.gpu_budget != 0, stdout);
   if (ok) ok = rp_plan(&t, &acc, lag, stdout);
@@ -169,7 +173,12 @@ int main(int argc, char **argv) {
   rp_accesses_free(&acc);
   if (t.error[0])
     fprintf(stderr, "psshim-report: %s: %s (the report covers what was readable)\n", t.path, t.error);
-  const int rc = !ok || t.error[0] ? EXIT_TRACE : EXIT_OK;
+  /* Standard output to a full disk fails at the flush, after every line was "written". */
+  if (fflush(stdout) != 0 || ferror(stdout)) {
+    fprintf(stderr, "psshim-report: writing the report to standard output failed: %s\n", strerror(errno));
+    ok = false;
+  }
+  const int rc = t.error[0] ? EXIT_TRACE : !ok ? EXIT_OUTPUT : EXIT_OK;
   rp_chunks_free(&cs);
   rp_free(&t);
   free(sizes);

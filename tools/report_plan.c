@@ -77,7 +77,7 @@ bool rp_plan(const struct rp_trace *t, const struct rp_accesses *a, uint32_t lag
           (double)pl.step_ns / 1e9, (double)pl.work_ns / 1e9, pl.waits, (double)pl.wait_ns / 1e9);
   fprintf(out, "  (copies at %.1f GB/s in, %.1f out, %.1f both, in place %.1f; a chunk movable %u moments after a use%s;\n"
                "   moment durations %s)\n", costs.h2d / 1e9, costs.d2h / 1e9, costs.both / 1e9, costs.in_place / 1e9, lag,
-          lag == RP_DEFAULT_LAG ? ", PSSHIM_RUNAHEAD's default" : " (--lag)",
+          lag == RP_DEFAULT_LAG ? ", as auto's owner plans" : " (--lag)",
           costs.moment_ns ? "from the gaps between the trace's launches: host time, the run's own paging waits included"
                           : "unknown: 10 us each");
   psp_plan_free(&pl);

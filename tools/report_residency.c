@@ -11,7 +11,7 @@ static int by_id(const void *a, const void *b) {
 
 static struct rp_chunk *find(const struct rp_chunks *cs, uint32_t id) {
   const struct rp_chunk key = { .id = id };
-  return bsearch(&key, cs->c, cs->n, sizeof *cs->c, by_id);
+  return cs->n ? bsearch(&key, cs->c, cs->n, sizeof *cs->c, by_id) : NULL; /* no chunks: c may be NULL */
 }
 
 /* Per chunk while building: where it is now, since when, and whether frame events
@@ -100,7 +100,10 @@ oom:
 
 enum rp_where rp_chunk_at(const struct rp_chunks *cs, uint32_t id, uint64_t ts) {
   const struct rp_chunk *c = find(cs, id);
-  if (!c) return RP_NONE;
+  return c ? rp_chunk_where(c, ts) : RP_NONE;
+}
+
+enum rp_where rp_chunk_where(const struct rp_chunk *c, uint64_t ts) {
   size_t lo = 0, hi = c->nspans; /* the first span ending after ts */
   while (lo < hi) {
     const size_t mid = (lo + hi) / 2;

@@ -14,15 +14,23 @@ uint64_t rp_in_space(const struct rp_trace *t, uint64_t addr, uint64_t size) {
 
 void rp_split(const struct rp_trace *t, const struct rp_chunks *cs, const struct pst_record *a, uint64_t ts,
               uint64_t *gpu, uint64_t *host) {
-  const uint64_t base = t->hdr.space_base, size = t->hdr.chunk_size,
-                 hi = a->alloc.addr + rp_in_space(t, a->alloc.addr, a->alloc.size);
-  for (uint64_t at = a->alloc.addr; at < hi;) {
-    const uint64_t c = (at - base) / size, end = base + (c + 1) * size < hi ? base + (c + 1) * size : hi;
-    if (c > UINT32_MAX) break;
-    const enum rp_where w = rp_chunk_at(cs, (uint32_t)c, ts);
+  const uint64_t size = t->hdr.chunk_size, len = rp_in_space(t, a->alloc.addr, a->alloc.size);
+  if (!len) return;
+  /* Offsets in the space; the chunks the trace knows of in [lo, hi), not every chunk of
+   * the range: a damaged header's tiny chunk size would make those countless. */
+  const uint64_t from = a->alloc.addr - t->hdr.space_base, to = from + len, lo = from / size, hi = (to - 1) / size;
+  size_t k = 0, n = cs->n;
+  while (k < n) { /* the first chunk known with id >= lo */
+    const size_t mid = k + (n - k) / 2;
+    if (cs->c[mid].id < lo) k = mid + 1;
+    else n = mid;
+  }
+  for (; k < cs->n && cs->c[k].id <= hi; k++) {
+    const uint64_t start = (uint64_t)cs->c[k].id * size, at = start > from ? start : from,
+                   end = to - start > size ? start + size : to;
+    const enum rp_where w = rp_chunk_where(&cs->c[k], ts);
     if (w == RP_GPU) *gpu += end - at;
     if (w == RP_HOST) *host += end - at;
-    at = end;
   }
 }
 

@@ -41,9 +41,11 @@ static void run_header(const struct rp_trace *t, FILE *f) {
   fprintf(f, "%s\n", any ? "" : " none besides the writer's own");
   if (t->error[0])
     fprintf(f, "  damage      %s; %s unreadable\n", t->error, rp_bytes(t->stats.lost_bytes, a, sizeof a));
+  const char *settings = rp_settings(t);
+  if (settings) fprintf(f, "  settings    %s\n", settings);
   size_t shown = 0;
   for (size_t i = 0; i < t->nev; i++) {
-    if (t->ev[i].type != PST_REC_NOTE) continue;
+    if (t->ev[i].type != PST_REC_NOTE || (settings && t->ev[i].note.text + strlen(RP_SETTINGS) == settings)) continue;
     if (shown++ < 20)
       fprintf(f, "  note        +%.3f s  %s\n", rp_secs(t, t->ev[i].ts_ns), t->ev[i].note.text);
   }
@@ -286,10 +288,23 @@ static bool residency(const struct rp_chunks *cs, FILE *f) {
   return true;
 }
 
-bool rp_text(const struct rp_trace *t, const struct rp_chunks *cs, FILE *out) {
+static bool what_to_change(const struct rp_trace *t, const struct rp_chunks *cs, const struct rp_accesses *a,
+                           FILE *f) {
+  struct rp_verdict v;
+  if (!rp_verdict_build(t, cs, a, &v)) {
+    fprintf(stderr, "psshim-report: out of memory\n");
+    return false;
+  }
+  fprintf(f, "\nWHAT TO CHANGE\n");
+  for (size_t i = 0; i < v.n; i++) fprintf(f, "  %s\n", v.line[i]);
+  return true;
+}
+
+bool rp_text(const struct rp_trace *t, const struct rp_chunks *cs, const struct rp_accesses *a, FILE *out) {
   struct rp_laps laps;
-  if (!rp_laps_build(t, cs, &laps)) return false;
   run_header(t, out);
+  if (a && !what_to_change(t, cs, a, out)) return false;
+  if (!rp_laps_build(t, cs, &laps)) return false;
   phases(t, &laps, out);
   rp_laps_free(&laps);
   data_move(t, out);

@@ -13,6 +13,7 @@
 
 #include <cupti.h>
 #include <dlfcn.h>
+#include <stdarg.h>
 #include <link.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -559,13 +560,33 @@ static CUptiResult enable_own(void)
   return r;
 }
 
+/* Launches go unobserved, said once: where paging depends on them (o->required) at the
+ * default log level with what that costs, else (a trace alone) as a warning. */
+static void unobserved(const struct pst_observer *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void unobserved(const struct pst_observer *o, const char *fmt, ...)
+{
+  char why[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(why, sizeof why, fmt, ap);
+  va_end(ap);
+  if (o->required)
+    ps_error("%s: kernel launches are not observed, so under PSSHIM_POLICY=%s nothing moves: chunks beyond the GPU "
+             "budget are read in place", why, ps_policy_name(ps_options.policy));
+  else
+    ps_log(PS_LOG_WARN, "%s: kernel launches are not observed", why);
+}
+
 bool pst_observe_start(const struct pst_observer *o)
 {
   if (subscriber)
     return true;
   void *lib = open_cupti();
   if (!lib) {
-    ps_log(PS_LOG_WARN, "CUPTI not found (set PSSHIM_CUPTI): kernel launches are not observed");
+    if (ps_options.cupti_path)
+      unobserved(o, "PSSHIM_CUPTI=%s does not load (%s)", ps_options.cupti_path, dlerror());
+    else
+      unobserved(o, "CUPTI (libcupti.so.13) not found beside the CUDA libraries nor the toolkit (set PSSHIM_CUPTI)");
     trace_note("CUPTI unavailable: launches not observed");
     return false;
   }
@@ -575,7 +596,7 @@ bool pst_observe_start(const struct pst_observer *o)
   cupti.unsubscribe = (__typeof__(cupti.unsubscribe))ps_real_dlsym(lib, "cuptiUnsubscribe");
   cupti.result_string = (__typeof__(cupti.result_string))ps_real_dlsym(lib, "cuptiGetResultString");
   if (!cupti.subscribe || !cupti.enable_callback || !cupti.unsubscribe) {
-    ps_log(PS_LOG_WARN, "CUPTI lacks the callback API: kernel launches are not observed");
+    unobserved(o, "CUPTI lacks the callback API");
     return false;
   }
   claims = o->claims;
@@ -584,8 +605,7 @@ bool pst_observe_start(const struct pst_observer *o)
   CUptiResult r = cupti.subscribe(&subscriber, (CUpti_CallbackFunc)on_api, NULL);
   if (r != CUPTI_SUCCESS) {
     subscriber = NULL;
-    ps_log(PS_LOG_WARN, "CUPTI is taken (%s; a profiler holds it?): kernel launches are not observed",
-           cupti_error(r));
+    unobserved(o, "CUPTI is taken (%s; a profiler holds it?)", cupti_error(r));
     trace_note("CUPTI taken by another subscriber: launches not observed");
     return false;
   }
@@ -596,7 +616,7 @@ bool pst_observe_start(const struct pst_observer *o)
   /* A launch kind psshim cannot see would make paging unsafe: all or nothing. */
   r = enable_own();
   if (r != CUPTI_SUCCESS) {
-    ps_log(PS_LOG_WARN, "CUPTI refused a launch callback (%s): kernel launches are not observed", cupti_error(r));
+    unobserved(o, "CUPTI refused a launch callback (%s)", cupti_error(r));
     trace_note("CUPTI refused a callback: launches not observed");
     pst_observe_stop();
     return false;

@@ -20,6 +20,9 @@ struct pst_observer {
    * of every word of every launch's parameters, so it must be quick and lock-free. */
   bool (*claims)(uint64_t value);
   void *user;
+  /* Paging depends on the launches (not a trace alone): failing to observe them is said at
+   * the default log level. */
+  bool required;
 };
 
 /* Subscribes to CUPTI (PSSHIM_CUPTI, else next to the framework's CUDA libraries, else the

@@ -84,7 +84,7 @@ struct pst_reader *pst_reader_open(const char *path, char *err, size_t errlen) {
   if (got < sizeof fixed || rd->st.file_bytes < size)
     return open_error(rd, err, errlen, "%s: truncated at byte %llu (in the file header)", path,
                       (unsigned long long)(got < sizeof fixed ? got : rd->st.file_bytes));
-  /* The crc covers the header's first size - 4 bytes, fields of later versions included. */
+  /* The crc covers the header's first size - 4 bytes, fields appended within version 1 included. */
   uint8_t *whole = malloc(size);
   if (!whole) return open_error(rd, err, errlen, "%s: out of memory", path);
   const size_t all = read_at(rd->fd, whole, size, 0);

@@ -13,8 +13,9 @@
 /* Format, version 1. Little-endian, no padding, every integer at its stated width.
  *
  *   file header   "PSSHIMTR" | u32 version | u32 header_size | fields below | u32 crc32
- *                 (crc over every byte before it; header_size counts all of it, so a
- *                 later version may append fields that this reader skips)
+ *                 (crc over every byte before it; header_size counts all of it, so
+ *                 fields appended to the header within version 1 are skipped; a file of
+ *                 any other version is refused)
  *     u32 pid | u64 chunk_size | u64 gpu_budget | u64 host_budget | char device[64]
  *     | u64 space_base | u64 space_size | u64 start_ns (CLOCK_MONOTONIC) | u64 wall_ns
  *     (CLOCK_REALTIME at the same moment, to date the run)
@@ -25,8 +26,9 @@
  *                 next good block by its magic and header crc.
  *   record        u16 type | u16 flags | u32 payload_len | u64 ts_ns (CLOCK_MONOTONIC) |
  *                 u32 tid, then the payload. An unknown type is skipped by its length; a
- *                 known type with a longer payload than listed has fields appended by a
- *                 later version, and the extra bytes are ignored.
+ *                 known type with a longer payload than listed is read for the fields
+ *                 listed and the rest ignored, except STRING and NOTE, whose text is all
+ *                 the rest (a field appended to those needs a new version).
  *     STRING    u32 id | text (payload_len - 4 bytes, no NUL)        ids start at 1; 0 = none
  *     STACK     u32 id | u32 depth | depth x (u64 pc | u32 symbol string id | u32 pc -
  *               symbol start). The symbol is the function name dladdr found, else the

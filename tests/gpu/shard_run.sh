@@ -20,9 +20,7 @@ N=${SHARD_GPUS:-$(nvidia-smi -L 2>/dev/null | wc -l)}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=$G${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 \
   TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PSSHIM_POLICY=auto \
-  PSSHIM_GPU_BUDGET=${SHARD_BUDGET:-8G} PSSHIM_RUNAHEAD=${SHARD_RUNAHEAD:-32}
-# The run-ahead window must be shorter than the step (~200 launches here): a chunk used
-# within it counts as still queued, and no chunk could give its frame to a gather.
+  PSSHIM_GPU_BUDGET=${SHARD_BUDGET:-8G}
 args=(bench/shard_read.py --tensors "${SHARD_TENSORS:-48}" --mib "${SHARD_MIB:-256}" --steps "${SHARD_STEPS:-40}")
 if [[ " ${SHARD_RUNS:-alone shared} " == *" alone "* ]]; then
   LD_PRELOAD=$G/libpsshim.so PSSHIM_STATS=$OUT/alone.psshim.json timeout "${SHARD_TIMEOUT:-200}" \

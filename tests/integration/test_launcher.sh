@@ -42,6 +42,25 @@ PY
   rm -f "$tmp/s.json"
 done
 
+# Every multiple of 2M is a chunk size psshim uses, asked for or its default on a node of 3,
+# 5, 6 or 7 ranks (the ranks times 2M): the run keeps its budget and pages beyond it.
+for case in "6M|" "10M|" "14M|" "|LOCAL_WORLD_SIZE=3" "|LOCAL_WORLD_SIZE=5"; do
+  IFS='|' read -r size vars <<<"$case"
+  env $vars "$built" --budget 24M --host-budget 256M ${size:+--chunk-size $size} --stats "$tmp/s.json" \
+    -- "$prog" 2 8 4 >"$tmp/out" 2>"$tmp/err" || fail "chunk ${size:-$vars}: exit $?: $(cat "$tmp/err")"
+  [ ! -s "$tmp/err" ] || fail "chunk ${size:-$vars}: said $(cat "$tmp/err")"
+  python3 - "$tmp/s.json" "${size:-$vars}" <<'PY' || fail "chunk ${size:-$vars}: not the chunk size asked for"
+import json, sys
+s, case = json.load(open(sys.argv[1])), sys.argv[2]
+want = {"6M": 6, "10M": 10, "14M": 14, "LOCAL_WORLD_SIZE=3": 6, "LOCAL_WORLD_SIZE=5": 10}[case] << 20
+print(f"  chunk {case}: chunk_size {s['chunk_size'] >> 20} MiB, gpu_budget {s['gpu_budget'] >> 20} MiB, "
+      f"peak gpu {s['peak_gpu_bytes'] >> 20} MiB, peak host {s['peak_host_bytes'] >> 20} MiB")
+assert s["chunk_size"] == want and 0 < s["gpu_budget"] <= 24 << 20
+assert 0 < s["peak_gpu_bytes"] <= s["gpu_budget"] and s["peak_host_bytes"] > 0
+PY
+  rm -f "$tmp/s.json"
+done
+
 # A sanitizer build's library loads only into programs built with the sanitizers: the
 # checks that run plain programs (sh, true) under it run in the plain build.
 sanitized=

@@ -84,17 +84,19 @@ check "least traffic: what the run paged in then ($paged MB)" grep -q "^  this r
 check "least traffic: the window" grep -q '^  iteration 4 (the last complete one of the steady period): 120 launches read 1426\.1 MB' "$dir/out.txt"
 "$report" "$dir/run.trace" --least=lots > /dev/null 2>&1
 check "bad --least exits 1" test $? -eq 1
-# At the default lag (256 launches, beyond the 120-launch iteration) nothing in it can move;
-# with chunks movable right after a use, the plan reads nothing in place.
-check "plan: nothing moves at the default lag" grep -Eq '^  plan .* 0 moves; [1-9][0-9]* moments read' "$dir/out.txt"
-"$report" "$dir/run.trace" --lag 1 > "$dir/lag1.txt"
-check "plan --lag 1: no read in place" grep -Eq '^  plan .* [1-9][0-9]* moves; 0 moments read 0\.0 MB in place$' "$dir/lag1.txt"
-check "plan --lag 1: the lag named" grep -q 'a chunk movable 1 moments after a use (--lag);' "$dir/lag1.txt"
+# At the default lag (0, as auto's owner plans: chunks movable once their use has run) the
+# plan reads nothing in place; at a lag of 256 launches, beyond the 120-launch iteration,
+# nothing in it can move.
+check "plan: no read in place at the default lag" grep -Eq '^  plan .* [1-9][0-9]* moves; 0 moments read 0\.0 MB in place$' "$dir/out.txt"
+check "plan: the default lag named" grep -q "a chunk movable 0 moments after a use, as auto's owner plans;" "$dir/out.txt"
+"$report" "$dir/run.trace" --lag 256 > "$dir/lag256.txt"
+check "plan --lag 256: nothing moves" grep -Eq '^  plan .* 0 moves; [1-9][0-9]* moments read' "$dir/lag256.txt"
+check "plan --lag 256: the lag named" grep -q 'a chunk movable 256 moments after a use (--lag);' "$dir/lag256.txt"
 "$report" "$dir/run.trace" --lag=-3 > /dev/null 2>&1
 check "bad --lag exits 1" test $? -eq 1
 check "allocation site symbolized" grep -q 'synth_alloc_params+0x' "$dir/out.txt"
 check "chunk table" grep -Eq '^ +23 +64\.0 ' "$dir/out.txt"
-check "chunk-size ranking" grep -Eq '^  least moved: PSSHIM_CHUNK_SIZE=[0-9]+[KMG]? ' "$dir/out.txt"
+check "chunk-size ranking" grep -Eq '^  least across PCIe: PSSHIM_CHUNK_SIZE=[0-9]+[KMG]? ' "$dir/out.txt"
 check "perfetto JSON is valid" python3 -m json.tool "$dir/run.json" /dev/null
 check "perfetto has slices and counters" \
   bash -c "grep -q '\"ph\":\"X\"' '$dir/run.json' && grep -q '\"ph\":\"C\"' '$dir/run.json'"
@@ -158,6 +160,42 @@ while IFS='|' read -r direction inplace n median p90 mean; do
 done < <(grep '^moves ' "$dir/fates.expect")
 check "moves: nothing else" test "$(moves "$dir/fates.txt" | grep -cE '^  (in|out) \(')" -eq "$(grep -c '^moves ' "$dir/fates.expect")"
 
+# WHAT TO CHANGE opens the summary after RUN and the HTML page: the bound, what bounded the
+# iteration, and the settings to try (64 MiB chunks replay worse than 4 MiB ones here; the
+# synthetic device has memory free).
+check "what to change: the section after RUN" \
+  awk '/^[A-Z][A-Z ]+$/ { n++; if (n == 1) run = $0 == "RUN"; if (n == 2) what = $0 == "WHAT TO CHANGE" } END { exit !(run && what) }' \
+  "$dir/out.txt"
+what() { sed -n '/^WHAT TO CHANGE/,/^$/p' "$dir/out.txt"; }
+check "what to change: the bound" grep -Eq '^  A steady iteration took [0-9.]+ ms\. The least any placement must bring onto the GPU in one, at this budget, is [0-9.]+ MiB: [0-9.]+ ms at 55 GB/s\. The run took [0-9.]+x that\.$' <(what)
+check "what to change: what bounded it" grep -q '^  What bounded it: ' <(what)
+check "what to change: a chunk size, counting in-place reads" grep -Eq '^  Try --chunk-size 4 MiB \(PSSHIM_CHUNK_SIZE\): .* \([0-9.]+ [GM]iB copied, [0-9.]+ .?B read in place\) where 64 MiB chunks move ' <(what)
+check "what to change: a budget" grep -Eq '^  Try --budget [0-9.]+ GiB \(PSSHIM_GPU_BUDGET; ' <(what)
+check "what to change: the HTML opens with it" \
+  bash -c "grep -o '<h2>[^<]*</h2>' '$dir/run.html' | head -n 1 | grep -qx '<h2>What to change</h2>'"
+
+# One sample's time far ahead (2^63 - 1 ns) in an otherwise valid trace: every output
+# made, nothing drawn outside its chart.
+"$synth" "$dir/far.trace" far > /dev/null
+"$report" "$dir/far.trace" --perfetto "$dir/far.json" --html "$dir/far.html" --chunk-size > /dev/null 2> "$dir/far.err"
+rc=$?
+check "a sample far ahead: exit 0 (got $rc)" test "$rc" -eq 0
+# The GPU-memory chart stacks its classes as they were at one moment: chunks and non-model
+# memory that always sum to the budget draw nothing above it.
+"$synth" "$dir/stack.trace" stack && "$report" "$dir/stack.trace" --html "$dir/stack.html" > /dev/null
+check "stack: exit 0" test $? -eq 0
+stack_under_budget() {
+  python3 - "$dir/stack.html" <<'PY'
+import re, sys
+svg = open(sys.argv[1]).read().split("<h2>GPU memory over the run</h2>", 1)[1].split("</svg>", 1)[0]
+budget = float(re.search(r"<line[^>]*y1='([0-9.]+)'[^>]*class='budget'", svg).group(1))
+top = min(min(float(v) for v in re.findall(r"V([0-9.]+)", d)) for d in re.findall(r"<path fill='[^']*' d='([^']*)'", svg))
+print(f"  GPU memory chart: the budget's line at y {budget}, the stack's top at y {top}")
+sys.exit(top < budget - 0.05)
+PY
+}
+check "stack: no use drawn above the budget that was never in use" stack_under_budget
+
 # A torn trace: what was readable is reported, exit 2, the problem on stderr.
 size=$(stat -c %s "$dir/run.trace")
 head -c $((size - 100)) "$dir/run.trace" > "$dir/torn.trace"
@@ -195,11 +233,11 @@ advice() { sed -n '/^CHUNK SIZE ADVICE/,/^$/p' "$1"; }
 "$report" "$dir/run.trace" --chunk-size --budget 24M > "$dir/small.txt" 2>&1
 check "advice at 24 MiB: 32M, 64M and 128M left out" \
   grep -qx '  not replayed, larger than the GPU budget: 32M, 64M, 128M' <(advice "$dir/small.txt")
-check "advice at 24 MiB: a size that fits" grep -Eq '^  least moved: PSSHIM_CHUNK_SIZE=(4|8|16)M ' <(advice "$dir/small.txt")
+check "advice at 24 MiB: a size that fits" grep -Eq '^  least across PCIe: PSSHIM_CHUNK_SIZE=(4|8|16)M ' <(advice "$dir/small.txt")
 check "advice at 24 MiB: no row larger than the budget" bash -c "! grep -Eq '^ +(32|64|128) MiB ' <(sed -n '/^CHUNK SIZE ADVICE/,\$p' '$dir/small.txt')"
 "$report" "$dir/run.trace" --chunk-size=64M --budget 24M > "$dir/none.txt" 2>&1
 check "advice with no size within the budget: none advised" \
-  bash -c "grep -q '^  no chunk size left to replay: give sizes up to 24 MiB' '$dir/none.txt' && ! grep -q 'least moved' '$dir/none.txt'"
+  bash -c "grep -q '^  no chunk size left to replay: give sizes up to 24 MiB' '$dir/none.txt' && ! grep -q 'least across' '$dir/none.txt'"
 "$report" "$dir/run.trace" --chunk-size=12Q > /dev/null 2>&1
 check "bad size exits 1" test $? -eq 1
 "$report" --help | grep -q '^usage: psshim-report FILE'

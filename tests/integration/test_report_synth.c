@@ -22,6 +22,7 @@
  * page-out can end (PAGE-OUTS), and prints the section's lines it must give, "fate <name>|<count>",
  * and "fates <page-outs> <launches that named them while out>"; and the MOVES rows it must
  * give, "moves <direction>|<in place>|<moves>|<median us>|<p90 us>|<mean us>". */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -291,10 +292,31 @@ static int fates(const char *path) {
   return 0;
 }
 
+/* GPU memory that moves between chunks and non-model memory, its sum the budget at every
+ * sample: two samples a bin of the HTML's chart, so a chart that stacks each class's peak
+ * apart draws half as much again above the budget, at no moment in use. */
+static int stack(const char *path) {
+  const struct pst_trace_header h = { .chunk_size = FCHUNK, .gpu_budget = 64 * FCHUNK, .host_budget = 64 * FCHUNK,
+                                      .device = "NVIDIA H200 (synthetic)", .space_base = FBASE,
+                                      .space_size = 64 * FCHUNK, .start_ns = T0, .wall_ns = 1764403200000000000ull };
+  if (!pst_trace_open(path, &h)) return 1;
+  for (uint64_t k = 0; k < 1200; k++) {
+    const uint64_t gpu = k % 2 ? h.gpu_budget : h.gpu_budget / 2;
+    emit((struct pst_record){ .type = PST_REC_SAMPLE, .ts_ns = T0 + k * 1000000,
+                              .sample = { gpu, 0, h.gpu_budget - gpu, 8 * h.gpu_budget } });
+  }
+  pst_trace_close();
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc == 3 && !strcmp(argv[2], "fates")) return fates(argv[1]);
-  if (argc != 2) {
-    fprintf(stderr, "usage: test_report_synth OUT.trace [fates]\n");
+  if (argc == 3 && !strcmp(argv[2], "stack")) return stack(argv[1]);
+  /* far: one sample's time far ahead of the rest (2^63 - 1 ns), in a trace that is
+   * otherwise the one below: valid, and a test of every time scale the report draws */
+  const bool far = argc == 3 && !strcmp(argv[2], "far");
+  if (argc != 2 && !far) {
+    fprintf(stderr, "usage: test_report_synth OUT.trace [fates|stack|far]\n");
     return 1;
   }
   const struct pst_trace_header h = { .chunk_size = CHUNK, .gpu_budget = (SLOTS + 1) * CHUNK + 256 * MIB,
@@ -308,6 +330,8 @@ int main(int argc, char **argv) {
   advance(2000000);
   for (int it = 0; it < ITERS; it++) iteration(it);
   for (int it = ITERS; it < ITERS + EVALS; it++) evaluation(it);
+  if (far)
+    emit((struct pst_record){ .type = PST_REC_SAMPLE, .ts_ns = INT64_MAX, .sample = { CHUNK, 0, nonmodel, CHUNK } });
   pst_trace_close();
 
   printf("where %llu MiB on the GPU, %llu MiB in host frames\n", (unsigned long long)params_gpu_mib,
