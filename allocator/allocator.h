@@ -175,6 +175,8 @@ void psa_live_now(uint64_t *live_bytes, uint64_t *allocs);
 /* Whether this process set up any device: a launcher that never used the GPU (timeout,
  * torchrun) has no statistics to give. */
 bool psa_any_device(void);
+/* Whether paging stopped for good (work psshim cannot observe ran). */
+bool psa_paging_stopped(void);
 /* What observation found, for the statistics: moments observed, iteration boundaries
  * passed, the period adopted (0: none yet) and the launch at which it was. */
 struct psa_progress {

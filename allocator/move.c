@@ -14,6 +14,8 @@
 #include <stdlib.h>
 
 _Atomic bool psa_moves_off;
+
+bool psa_paging_stopped(void) { return atomic_load(&psa_moves_off); }
 PS_THREAD_LOCAL bool psa_moves_settle;
 struct psa_move_hooks psa_move_hooks;
 

@@ -43,11 +43,38 @@ __attribute__((constructor)) static void psshim_start(void)
   pthread_atfork(psa_atfork_prepare, psa_atfork_parent, psa_atfork_child);
 }
 
+/* A budget was set and kernels read chunks in host memory in place, yet nothing was paged:
+ * one line at exit says why, at the default log level. */
+static void say_unpaged(const struct psa_progress *p)
+{
+  if (ps_options.policy != PS_POLICY_AUTO || (!ps_options.gpu_budget && !ps_options.gpu_budget_frac) ||
+      !psa_any_device())
+    return;
+  struct psa_stats s;
+  psa_stats_get(&s);
+  if (s.migrations_to_gpu + s.migrations_to_host || !s.touches_host)
+    return;
+  char why[160];
+  if (psa_paging_stopped())
+    snprintf(why, sizeof why, "work psshim cannot observe (a CUDA graph, an array copy) stopped paging");
+  else if (!p->period)
+    snprintf(why, sizeof why, "no training iteration was found in its %llu launches (paging follows one)",
+             (unsigned long long)p->launches);
+  else if (!s.plan_builds)
+    snprintf(why, sizeof why, "the run ended before an iteration was recorded and planned");
+  else
+    snprintf(why, sizeof why, "the plan moves nothing");
+  ps_error("nothing was paged: %s; %llu of %llu chunk touches read host memory in place", why,
+           (unsigned long long)s.touches_host, (unsigned long long)(s.touches_host + s.touches_gpu));
+}
+
 __attribute__((destructor)) static void psshim_end(void)
 {
   if (!options_ok || ps_in_forked_child())
     return;
   ps_wiring_end();
+  struct psa_progress unpaged = ps_wiring_progress();
+  say_unpaged(&unpaged);
   /* A launcher (timeout, torchrun) that never used the GPU would overwrite the statistics
    * of the program it ran. */
   if (!ps_options.stats || !psa_any_device())
