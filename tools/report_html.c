@@ -381,7 +381,7 @@ static void steady_table(FILE *f, const struct rp_trace *t, const struct steady 
         "host frames of the allocations that the iteration's launches named by their start (counted per launch), "
         "an upper bound on what kernels read there in place across PCIe, which the trace does not record. LEAST "
         "TRAFFIC: what any placement must bring onto the GPU, paged in or read in place (the text's LEAST TRAFFIC "
-        "says why). Pager ms: the launching threads' host time in psshim's pager (the run-ahead hold apart); late "
+        "says why). Pager ms: the launching threads' host time in psshim's pager (their waits for their moments included); late "
         "waits: launches that reached a chunk while it was remapped.</p>\n",
         f);
 }
@@ -751,7 +751,7 @@ static bool page(FILE *f, const struct rp_trace *t, const struct rp_chunks *cs, 
         "to the GPU or back to host memory. <b>LEAST TRAFFIC</b>: the fewest bytes any placement must bring onto "
         "the GPU in an iteration at the budget; the time it takes at the link's rate is the run's bound. "
         "<b>Named in host frames</b>: a launch's argument points into an allocation partly in host memory, so the "
-        "kernel may read that part in place. <b>The pager's turns</b>: its planning and the moves it starts. "
+        "kernel may read that part in place. <b>The owner</b>: the thread per device that makes the plan's moves ahead of the launches; a launch waits until its moment's moves are made. "
         "<b>Moments</b>: the launches, copies and collectives psshim observes, in order. <b>OPT</b>: the replay "
         "that evicts what is needed farthest ahead.</details>\n",
         f);

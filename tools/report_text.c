@@ -112,13 +112,13 @@ static void phases(const struct rp_trace *t, const struct rp_laps *laps, FILE *f
   fprintf(f, "  per iteration: paged in and out, and at most read in place (launches that named an allocation\n"
              "  partly in host frames); LEAST TRAFFIC below bounds in + in place\n");
   if (pager)
-    fprintf(f, "  and the pager's host time per iteration: the launching threads' (run-ahead hold apart), its\n"
-               "  turns' (plans and the moves they start, on the mover where there is one), launches that\n"
-               "  waited for a remap\n");
+    fprintf(f, "  and the pager's host time per iteration: the launching threads' (their waits for their\n"
+               "  moments included), the moves' (remaps and copies queued, on the thread that made them),\n"
+               "  launches that waited for a remap\n");
   fprintf(f, "  %-8s %10s %10s %10s %10s %10s %12s %12s %12s %14s", "phase", "iterations", "total s", "mean s",
           "min s", "max s", "launches/it", "in MB/it", "out MB/it", "in place MB/it");
   if (pager)
-    fprintf(f, " %12s %12s %8s", "pager ms/it", "turns ms/it", "late/it");
+    fprintf(f, " %12s %12s %8s", "pager ms/it", "moves ms/it", "late/it");
   fputc('\n', f);
   for (int k = 0; k < 3; k++) {
     const struct acc *a = &ph[k];

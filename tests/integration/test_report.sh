@@ -52,7 +52,7 @@ steady_bytes() {
        END {exit !(found && !d)}' "$dir/expect" "$dir/out.txt"
 }
 check "phases: steady MB in, out and in place per iteration" steady_bytes
-# The pager's columns: the launching threads' ms, the turns' (half of it here) and late
+# The pager's columns: the launching threads' ms, the moves' (half of it here) and late
 # waits per steady iteration, from the marks' totals.
 steady_pager() {
   awk 'FNR == NR && $1 == "lap" {n++; ms += $9; late += $10; next}
