@@ -384,7 +384,7 @@ shard)
   # the node's copy), in one run at least; a rank's write into one must survive.
   # The node's host budget leaves room for the frames the owner's moves hold while their
   # copies run (each swap holds the fetched chunk's host frame and the victim's new one).
-  shard=(PSSHIM_CHUNK_SIZE=4M PSSHIM_GPU_BUDGET=8M PSSHIM_HOST_BUDGET=384M PSSHIM_POLICY=auto
+  shard=(PSSHIM_CHUNK_SIZE=4M PSSHIM_GPU_BUDGET=8M PSSHIM_HOST_BUDGET=1G PSSHIM_POLICY=auto
          PSSHIM_CUPTI="$FAKE_CUPTI" FAKECUDA_DEVICE_COUNT=2)
   for run in 16:0:0:0:0 16:1:0:0:0 4:0:0:0:0 4:1:0:0:0 9:0:0:0:0 9:1:0:0:0 16:0:1:0:0 16:0:0:1:0 1:0:0:0:3 4:0:0:0:3; do
     IFS=: read -r seed diverge per_rank rewrite readers <<<"$run"
