@@ -73,13 +73,12 @@ __attribute__((destructor)) static void psshim_end(void)
   if (!options_ok || ps_in_forked_child())
     return;
   ps_wiring_end();
-  struct psa_progress unpaged = ps_wiring_progress();
-  say_unpaged(&unpaged);
+  struct psa_progress progress = ps_wiring_progress();
+  say_unpaged(&progress);
   /* A launcher (timeout, torchrun) that never used the GPU would overwrite the statistics
    * of the program it ran. */
   if (!ps_options.stats || !psa_any_device())
     return;
-  struct psa_progress progress = ps_wiring_progress();
   if (!ps_options.stats_path) {
     psa_stats_write(stderr, false, &progress);
     return;
