@@ -345,15 +345,21 @@ shard_spots)
   # the chunk, in even and odd 32-byte blocks; the first, last and middle bytes).
   # None may be shared (a shared one gives a rank the other's byte: a mismatch, and shard_sim
   # exits 1), and alike many of them are: at least 15 chunks more shared than when they
-  # differ (20-30 seen: only chunks in host frames at two rounds in a row, on both ranks,
-  # are shared, and where the owner's moves leave them varies with timing).
-  spots=(PSSHIM_CHUNK_SIZE=4M PSSHIM_GPU_BUDGET=8M PSSHIM_HOST_BUDGET=512M PSSHIM_POLICY=auto
+  # differ (35-38 seen: only chunks in host frames at two rounds in a row, on both ranks,
+  # are shared, and where the owner's moves leave them varies with timing). The ranks hold
+  # about 400M of host frames together, and a rank at the node's host budget makes no
+  # pieces: at 425M no spot is shared. 512M once ended with 6 shared (the owner's fetches
+  # hold host frames in flight); 1G leaves room, and a rank that still reaches it fails the
+  # case by name.
+  spots=(PSSHIM_CHUNK_SIZE=4M PSSHIM_GPU_BUDGET=8M PSSHIM_HOST_BUDGET=1G PSSHIM_POLICY=auto
          PSSHIM_CUPTI="$FAKE_CUPTI" SPOTS=40)
   for differ in 0 1; do
     ARGS="16 60" two_ranks spots$differ "${spots[@]}" SPOT_DIFFER=$differ
     for r in 0 1; do
       [ "$(eval echo \$status$r)" = 0 ] ||
         fail "spots, differ $differ, rank $r: $(cat "$tmp/spots$differ.$r.out" "$tmp/spots$differ.$r.err")"
+      ! grep -q "hold all of PSSHIM_HOST_BUDGET" "$tmp/spots$differ.$r.err" ||
+        fail "spots, differ $differ, rank $r reached the node's host budget: the case shows nothing"
     done
   done
   python3 - "$tmp" <<'PY' || fail "spots: sharing"
