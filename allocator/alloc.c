@@ -80,21 +80,43 @@ static bool gpu_frame_coming(struct device *d)
   return true;
 }
 
-/* Static placement: room in GPU spans; once GPU frames run out (and none is made by paging
- * out), room in host spans; then the latest allocation's span grown, or a new one, on GPU
- * frames while the budget lasts, then on host frames. Drops d->lock while frames are
+/* The bytes at `want` (psa_plan_recall), where they are free: in the span that holds them,
+ * or in a span made there where no span holds their chunks. Drops d->lock while frames are
  * taken. */
-static struct span *place(struct device *d, uint64_t size, CUstream stream, uint64_t *off)
+static struct span *place_at(struct device *d, CUdeviceptr want, uint64_t size, CUstream stream, uint64_t *off)
+{
+  uint64_t at = want - d->base, first = at / d->chunk_size, n = (at + size - 1) / d->chunk_size + 1 - first;
+  struct span *s = want >= d->base && first + n <= d->nchunks ? d->chunks[first].span : NULL;
+  if (s && !s->building && first + n <= s->first_chunk + s->nchunks &&
+      psa_span_take_at(d, s, at - s->first_chunk * d->chunk_size, size, stream)) {
+    *off = at - s->first_chunk * d->chunk_size;
+    return s;
+  }
+  if (s || want < d->base || first + n > d->nchunks || !(s = psa_span_new(d, n, first)))
+    return NULL;
+  *off = at - first * d->chunk_size;
+  return psa_span_take_at(d, s, *off, size, stream) ? s : NULL; /* a new span is free throughout */
+}
+
+/* Static placement: where the plan's recorded iteration put the same allocation (its chunks
+ * then hold what the plan moves), else room in GPU spans; once GPU frames run out (and none
+ * is made by paging out), room in host spans; then the latest allocation's span grown, or a
+ * new one, on GPU frames while the budget lasts, then on host frames. Drops d->lock while
+ * frames are taken. */
+static struct span *place(struct device *d, uint64_t size, CUstream stream, bool capture, uint64_t *off,
+                          bool *recalled)
 {
   PSA_HELD(d);
-  struct span *s = carve_in(d, PSA_GPU, size, stream, off);
-  if (s)
+  CUdeviceptr want = capture ? 0 : psa_plan_recall(d, size);
+  struct span *s = want ? place_at(d, want, size, stream, off) : NULL;
+  *recalled = s != NULL;
+  if (s || (s = carve_in(d, PSA_GPU, size, stream, off)))
     return s;
   uint64_t nchunks = (size + d->chunk_size - 1) / d->chunk_size;
   if ((!gpu_frame_coming(d) && (s = carve_in(d, PSA_HOST, size, stream, off))) ||
       (s = psa_span_extend(d, size, stream, off)))
     return s;
-  s = psa_span_new(d, nchunks);
+  s = psa_span_new(d, nchunks, PSA_ANYWHERE);
   if (s)
     *off = psa_span_take(d, s, 0, size); /* a new span is one free range of at least size */
   return s;
@@ -117,12 +139,15 @@ CUresult psa_alloc(int ordinal, size_t size, CUstream stream, CUdeviceptr *p)
   if (asize < size)
     return CUDA_ERROR_OUT_OF_MEMORY;
   ps_mutex_lock(&d->lock);
-  struct span *s = place(d, asize, stream, &off);
+  bool recalled;
+  struct span *s = place(d, asize, stream, capture, &off, &recalled);
   CUdeviceptr ptr = s ? d->base + s->first_chunk * d->chunk_size + off : 0;
   if (s && !psa_map_put(d, ptr, asize, s)) {
     psa_span_release(d, s, off, asize, stream, NULL, capture);
     s = NULL;
   }
+  if (s && !capture)
+    psa_plan_placed(d, ptr, asize, recalled);
   if (s && capture)
     psa_map_find(d, ptr)->graph = capture; /* the graph names it: its bytes are the graph's for good */
   if (!s) {

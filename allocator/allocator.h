@@ -136,7 +136,9 @@ void psa_usage_reset_high(int ordinal, bool reserved, bool used);
  *   fetches found done, victims it chose where the plan's were gone (an allocation took
  *   the frame the plan freed), fetches a launch asked for (it named chunks in host frames
  *   the plan left there); its waits for launches and the GPU; the launching threads' waits
- *   for their moments, and the waits that gave up. */
+ *   for their moments, and the waits that gave up; allocations placed where the recorded
+ *   iteration placed them (plan_exec.c), and those the recorded iteration made that could
+ *   not be (their bytes taken, or another size asked). */
 #define PSA_STATS_FIELDS(X)                                                                   \
   X(allocs, SUM) X(frees, SUM) X(failed_allocs, SUM) X(live_bytes, SUM) X(peak_live_bytes, SUM) \
   X(chunk_size, SAME) X(gpu_budget, SUM) X(host_budget, SUM)                                  \
@@ -160,7 +162,7 @@ void psa_usage_reset_high(int ordinal, bool reserved, bool used);
   X(owners, SUM) X(owner_fetches, SUM) X(owner_evictions, SUM) X(owner_missed, SUM)           \
   X(owner_moot, SUM) X(owner_unplanned_victims, SUM) X(owner_demand_fetches, SUM)               \
   X(owner_wait_ns, SUM) X(gate_wait_ns, SUM)                                                  \
-  X(gate_timeouts, SUM)
+  X(gate_timeouts, SUM) X(recalled_allocs, SUM) X(recall_misses, SUM)
 
 struct psa_stats {
 #define PSA_STATS_FIELD(name, how) uint64_t name;

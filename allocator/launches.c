@@ -336,6 +336,8 @@ void psa_on_moment(const struct ps_moment *l, bool enter, uint64_t period, uint6
   }
   if (tls_unbracketed)
     return;
+  if (enter && period)
+    psa_plan_entered(position, moment);
   bool owned = psa_owners_following();
   struct visit v = {.l = l, .period = period, .position = position};
   if (enter && owned) {

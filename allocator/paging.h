@@ -45,6 +45,15 @@ uint32_t psa_frame_by_age(struct device *d);
  * iteration ends. */
 void psa_plan_note(struct device *d, uint64_t chunk, uint64_t period, uint64_t position);
 
+/* plan_exec.c: the recorded iteration's allocations recalled. A launch of a trusted period
+ * entered at `position` (absolute `moment`), any thread: later allocations are known by it.
+ * psa_plan_recall, before an allocation of size bytes is placed (d->lock held): where the
+ * recorded iteration placed the same allocation, 0 when it did not or no plan is followed;
+ * psa_plan_placed, after: where it went, and whether that was the recalled address. */
+void psa_plan_entered(uint64_t position, uint64_t moment);
+CUdeviceptr psa_plan_recall(struct device *d, uint64_t size);
+void psa_plan_placed(struct device *d, CUdeviceptr ptr, uint64_t size, bool recalled);
+
 /* owner.c: the plan's owner thread, one per device (see owner.c). psa_owner_follow starts
  * it (or gives it a new plan) at absolute moment `first`, a moment's position in the
  * iteration being (moment - base) % period; psa_owner_stop ends its following; both under

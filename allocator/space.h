@@ -238,13 +238,19 @@ void psa_frame_destroy(struct device *d, uint32_t f);
 static inline uint32_t psa_shared_frame(const struct device *d) { return (uint32_t)d->max_frames + 1; }
 
 /* spans.c */
-/* Drops d->lock (struct device): the span is `building`, unlisted, meanwhile. */
-struct span *psa_span_new(struct device *d, uint64_t nchunks);
+/* A span of nchunks at chunk `at`, which must be unreserved, or anywhere (PSA_ANYWHERE,
+ * taking back idle spans where none is free). Drops d->lock (struct device): the span is
+ * `building`, unlisted, meanwhile. */
+#define PSA_ANYWHERE UINT64_MAX
+struct span *psa_span_new(struct device *d, uint64_t nchunks, uint64_t at);
 void psa_span_delete(struct device *d, struct span *s);
 /* The smallest free range of s that `stream` may use for size bytes (best fit keeps big
  * ranges whole for big tensors), or -1; then carving size bytes from its start. */
 int64_t psa_span_best(struct device *d, struct span *s, uint64_t size, CUstream stream);
 uint64_t psa_span_take(struct device *d, struct span *s, uint32_t i, uint64_t size);
+/* Takes the free bytes [off, off + size) of s, where one range that `stream` may use holds
+ * them all; false where none does (or its table cannot grow). */
+bool psa_span_take_at(struct device *d, struct span *s, uint64_t off, uint64_t size, CUstream stream);
 /* Places size bytes in the free tail of the span that took the latest allocation, growing
  * it into the unreserved chunks after it, when that takes fewer new chunks than a span of
  * their own; NULL if it cannot. Drops d->lock (struct device). */

@@ -183,6 +183,37 @@ uint64_t psa_span_take(struct device *d, struct span *s, uint32_t i, uint64_t si
   return off;
 }
 
+bool psa_span_take_at(struct device *d, struct span *s, uint64_t off, uint64_t size, CUstream stream)
+{
+  uint32_t i = 0;
+  while (i < s->nranges && s->ranges[i].off + s->ranges[i].len <= off)
+    i++;
+  if (i == s->nranges || s->ranges[i].off > off)
+    return false;
+  if (!psa_range_usable(&s->ranges[i], stream))
+    i = settle(d, s, i); /* merging may put off in the range before */
+  struct range *r = &s->ranges[i];
+  uint64_t head = off - r->off, end = r->off + r->len;
+  if (off < r->off || off + size > end || !psa_range_usable(r, stream))
+    return false;
+  if (!head) {
+    psa_span_take(d, s, i, size);
+    return true;
+  }
+  uint64_t tail = end - off - size;
+  if (tail && (r->pending || !grow(s))) /* one event cannot stand for two ranges */
+    return false;
+  r = &s->ranges[i]; /* grow may move the table */
+  r->len = head;
+  if (tail) {
+    memmove(&s->ranges[i + 2], &s->ranges[i + 1], (s->nranges - i - 1) * sizeof *s->ranges);
+    s->ranges[i + 1] = (struct range){.off = off + size, .len = tail};
+    s->nranges++;
+  }
+  psa_span_check(d, s);
+  return true;
+}
+
 void psa_span_release(struct device *d, struct span *s, uint64_t off, uint64_t size, CUstream stream, CUevent ev,
                       uint64_t graph)
 {
@@ -404,11 +435,13 @@ static bool add_chunks(struct device *d, struct span *s, uint64_t first, uint64_
   return true;
 }
 
-struct span *psa_span_new(struct device *d, uint64_t nchunks)
+struct span *psa_span_new(struct device *d, uint64_t nchunks, uint64_t at)
 {
   PSA_HELD(d);
-  uint64_t first;
-  while (!psa_chunks_reserve(d, nchunks, &first))
+  uint64_t first = at;
+  if (at != PSA_ANYWHERE && !psa_chunks_free(d, at, nchunks))
+    return NULL;
+  while (at == PSA_ANYWHERE && !psa_chunks_reserve(d, nchunks, &first))
     if (!reclaim_one(d, PSA_HOST) && !reclaim_one(d, PSA_GPU))
       return NULL;
   struct span *s = calloc(1, sizeof *s);

@@ -48,7 +48,7 @@ import json, sys
 s = json.load(open(sys.argv[1]))
 keys = ("period", "steady_iterations", "steady_touches_host", "steady_migrations_to_gpu", "steady_migrations_to_host",
         "steady_reclaims", "room_page_outs", "room_ns", "steady_room_ns", "plan_builds", "owner_fetches",
-        "owner_demand_fetches", "owner_missed", "late_waits", "gate_timeouts")
+        "owner_demand_fetches", "owner_missed", "late_waits", "gate_timeouts", "recalled_allocs", "recall_misses", "allocs")
 print("  " + " ".join(f"{k}={s.get(k)}" for k in keys))
 PY
   "$build/tools/psshim-report" "$work/out.trace" | sed -n '/^PHASES/,/^MOVES/p' | grep -v '^MOVES'

@@ -690,6 +690,74 @@ static void test_training_loop_settles_on_its_plan(void **state)
   assert_true(inplace <= 4);       /* a few stragglers at most, over 20 steps */
 }
 
+/* A loop whose every step allocates the same tensors: activations of two chunks, a scratch
+ * buffer per layer, and the loss's buffer, made at the step's end and freed in the next
+ * step's forward (across the iteration's end). Where placement follows free room, which
+ * idle span is on a GPU frame decides, and the owner's moves change that every step (on
+ * the test driver 67-151 of the last 10 steps' 170 allocations lay elsewhere than the step
+ * before's). The plan recalls where its recorded iteration put each allocation, and
+ * records again while they do not land there. Exits with how many of the last 10 steps'
+ * allocations lay elsewhere than the same allocation of the step before (99 at most). */
+#define RECALL_ALLOCS (2 * LAYERS + 1)
+static void recalled(void *arg)
+{
+  (void)arg;
+  CUstream s = start_paging("auto", "12M", "256M", 150);
+  CUdeviceptr param[LAYERS], act[LAYERS], scratch, carry = 0;
+  CUdeviceptr seen[2][RECALL_ALLOCS];
+  int moved = 0;
+  for (int l = 0; l < LAYERS; l++) {
+    if (psa_alloc(0, 2 * MiB, s, &param[l]))
+      exit(151);
+    launch(fill_kernel, param[l], 2 * MiB, (uint64_t)l, s);
+  }
+  for (int it = 0; it < 80; it++) {
+    int n = 0;
+    CUdeviceptr *got = seen[it % 2];
+    for (int l = 0; l < LAYERS; l++) { /* forward */
+      launch(check_kernel, param[l], 2 * MiB, (uint64_t)l, s);
+      if (psa_alloc(0, 4 * MiB, s, &act[l]) || psa_alloc(0, 512 * 1024, s, &scratch))
+        exit(152);
+      got[n++] = act[l];
+      got[n++] = scratch;
+      launch(fill_kernel, act[l], 4 * MiB, 1000u + (uint64_t)l, s);
+      launch(fill_kernel, scratch, 512 * 1024, 3000u + (uint64_t)l, s);
+      psa_free(scratch, s, false);
+      if (l == LAYERS / 2 && carry) {
+        launch(check_kernel, carry, 768 * 1024, 2000u + (uint64_t)it - 1, s);
+        psa_free(carry, s, false);
+      }
+    }
+    for (int l = LAYERS - 1; l >= 0; l--) { /* backward */
+      launch(check_kernel, param[l], 2 * MiB, (uint64_t)l, s);
+      launch(check_kernel, act[l], 4 * MiB, 1000u + (uint64_t)l, s);
+      psa_free(act[l], s, false);
+    }
+    if (psa_alloc(0, 768 * 1024, s, &carry))
+      exit(153);
+    got[n++] = carry;
+    launch(fill_kernel, carry, 768 * 1024, 2000u + (uint64_t)it, s);
+    for (int k = 0; it >= 70 && k < n; k++)
+      moved += got[k] != seen[(it + 1) % 2][k];
+  }
+  struct psa_stats st;
+  psa_stats_get(&st);
+  fprintf(stderr, "recalled: %d of the last 10 steps' %d allocations moved; %llu recalled, %llu not, %llu plans\n",
+          moved, 10 * RECALL_ALLOCS, (unsigned long long)st.recalled_allocs, (unsigned long long)st.recall_misses,
+          (unsigned long long)st.plan_builds);
+  if (!st.recalled_allocs)
+    exit(154);
+  exit(moved > 99 ? 99 : moved);
+}
+
+static void test_allocations_recalled(void **state)
+{
+  (void)state;
+  int moved = in_child(recalled, NULL);
+  assert_in_range(moved, 0, 99); /* not a failure code */
+  assert_int_equal(moved, 0);
+}
+
 /* Allocations the plan did not foresee (a whole GPU's worth more, made at the start of the
  * backward) land in host frames; each launch that names one asks the owner for it, and
  * waits: it runs with the chunk on a GPU frame, and every byte reads back. */
@@ -1269,6 +1337,28 @@ static void stream_order(void *arg)
   CUdeviceptr s2;
   if (psa_alloc(0, 4096, b, &s2) || s2 != p) /* once a has passed, anyone may */
     exit(25);
+  /* A recalled placement (psa_span_take_at) by the same rule: not at the freed bytes' start
+   * while a may touch them, in their middle once it has passed. */
+  CUdeviceptr big;
+  if (psa_alloc(0, 64 * 1024, a, &big))
+    exit(26);
+  launch(fill_kernel, big, 64 * 1024, 2, a);
+  psa_free(big, a, false);
+  struct device *d = &psa_devices[0];
+  int ordinal;
+  uint64_t chunk = (uint64_t)psa_chunk_of(big, &ordinal), at = big + 4096 - d->base;
+  ps_mutex_lock(&d->lock);
+  struct span *sp = d->chunks[chunk].span;
+  bool other = psa_span_take_at(d, sp, at - 4096 - sp->first_chunk * d->chunk_size, 4096, b);
+  ps_mutex_unlock(&d->lock);
+  if (other) /* b must not get them while a may still touch them */
+    exit(27);
+  ps_driver.cuStreamSynchronize(a);
+  ps_mutex_lock(&d->lock);
+  bool after = psa_span_take_at(d, sp, at - sp->first_chunk * d->chunk_size, 4096, b);
+  ps_mutex_unlock(&d->lock);
+  if (!after) /* once a has passed, exactly those bytes */
+    exit(28);
 }
 
 static void test_stream_ordered_free(void **state)
@@ -1627,6 +1717,7 @@ int main(void)
       cmocka_unit_test(test_capture_stops_paging_quietly),
       cmocka_unit_test(test_short_lived_land_on_gpu),
       cmocka_unit_test(test_training_loop_settles_on_its_plan),
+      cmocka_unit_test(test_allocations_recalled),
       cmocka_unit_test(test_crowded_iteration_evicts_what_waits),
       cmocka_unit_test(test_first_steps_make_room_by_age),
       cmocka_unit_test(test_gate_wait_gives_up),
