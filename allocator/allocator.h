@@ -194,7 +194,7 @@ struct psa_progress {
   X(migrations_to_host) X(late_waits) X(late_wait_ns) X(touches_host)                         \
   X(move_ns) X(frame_make_ns) X(reclaims) X(reclaim_ns) X(room_ns)                            \
   X(room_wait_ns) X(touches_gpu) X(owner_fetches) X(owner_missed) X(owner_demand_fetches)         \
-  X(owner_wait_ns) X(gate_wait_ns) X(remaps_beside_inplace)
+  X(owner_wait_ns) X(gate_wait_ns) X(remaps_beside_inplace) X(recall_misses)
 void psa_stats_boundary(bool first, struct psa_stats *now);
 /* PSSHIM_STATS output: text (json=false) or one JSON object. */
 void psa_stats_write(FILE *f, bool json, const struct psa_progress *p);

@@ -166,10 +166,11 @@ void psa_stats_write(FILE *f, bool json, const struct psa_progress *p)
   if (s.plan_builds)
     fprintf(f, "psshim: plan: %llu made in %.1f ms, %.1f MiB in and %.1f MiB out per iteration; its owner fetched %llu, "
             "evicted %llu, missed %llu, found done %llu; over %llu iterations moved %.1f MiB in, %.1f MiB out; waited "
-            "%.1f ms, launches %.1f ms (%llu gave up)\n",
+            "%.1f ms, launches %.1f ms (%llu gave up); allocations recalled %llu, not %llu\n",
             (unsigned long long)s.plan_builds, (double)s.plan_build_ns / 1e6, mib(s.plan_bytes_in),
             mib(s.plan_bytes_out), (unsigned long long)s.owner_fetches, (unsigned long long)s.owner_evictions,
             (unsigned long long)s.owner_missed, (unsigned long long)s.owner_moot, (unsigned long long)s.plan_laps,
             mib(s.plan_moved_in), mib(s.plan_moved_out), (double)s.owner_wait_ns / 1e6, (double)s.gate_wait_ns / 1e6,
-            (unsigned long long)s.gate_timeouts);
+            (unsigned long long)s.gate_timeouts, (unsigned long long)s.recalled_allocs,
+            (unsigned long long)s.recall_misses);
 }
