@@ -162,32 +162,41 @@ static uint64_t any_victim(struct device *d, struct psa_owner *o, uint64_t at, u
   return best;
 }
 
+/* GPU frames neither held by a chunk nor yet to be made. */
+static uint64_t gpu_frames_free(const struct device *d)
+{
+  return d->fr.gpu_limit > d->fr.gpu_held ? d->fr.gpu_limit - d->fr.gpu_held : 0;
+}
+
 /* A fetch: onto a free GPU frame, or onto a due eviction's (swapped), or on demand onto
  * another victim's, never one of `keep`'s. A chunk not allocated yet, or shared with the
  * node's ranks, needs no copy, only a frame free when its allocation comes or its touch
- * pages it in (shard.c): the eviction is made and its write-back waited for. */
+ * pages it in (shard.c): the eviction is made and its write-back waited for, and the frame
+ * is promised (*promised: the moment's frames so kept free; two chunks of one allocation
+ * need two). The allocation may come while the lock is dropped: each try sees what is. */
 static void fetch(struct device *d, struct psa_owner *o, uint64_t at, uint64_t chunk,
-                  const struct psa_launch_chunks *keep, uint64_t generation)
+                  const struct psa_launch_chunks *keep, uint64_t generation, uint64_t *promised)
 {
   if (chunk >= d->nchunks)
     return;
   struct chunk *c = &d->chunks[chunk];
-  if (on(d, chunk, PSA_GPU)) {
-    d->stats.owner_moot++;
-    return;
-  }
-  bool copy = c->span && c->frame != psa_shared_frame(d);
   /* The chunk quiet first: the wait drops the lock, and a free frame may be gone after
    * it. Each wait for a victim drops it too: a frame may come free meanwhile (its chunk
    * freed), the victim may be gone, or the chunk busy again (its span growing); then the
    * next try sees what is. */
   for (int tries = 0; tries < 4 && o->generation == generation; tries++) {
+    if (on(d, chunk, PSA_GPU)) {
+      d->stats.owner_moot += tries == 0;
+      return;
+    }
+    bool copy = c->span && c->frame != psa_shared_frame(d);
     if (copy && !quiet(d, o, chunk, generation))
       break;
-    if (psa_gpu_frame_available(d)) {
+    if (gpu_frames_free(d) > *promised) {
       if (copy && psa_move(d, chunk, PSA_GPU) != CUDA_SUCCESS)
         break;
-      d->stats.owner_fetches += copy; /* else its allocation or touch takes the free frame */
+      d->stats.owner_fetches += copy;
+      *promised += !copy; /* its allocation or touch takes the free frame */
       return;
     }
     uint64_t v = keep ? UINT64_MAX : take_victim(d, o);
@@ -211,8 +220,6 @@ static void fetch(struct device *d, struct psa_owner *o, uint64_t at, uint64_t c
     if (out && !out->done)
       psa_mark_wait_unlocked(d, out);
     psa_moves_poll(d);
-    if (!copy)
-      return;
   }
   d->stats.owner_missed++;
 }
@@ -220,14 +227,14 @@ static void fetch(struct device *d, struct psa_owner *o, uint64_t at, uint64_t c
 /* Runs the plan's moves issued before moment m (absolute), d->lock held. */
 static void run_moves(struct device *d, struct psa_owner *o, uint64_t m, uint64_t generation)
 {
-  uint64_t at = (m - o->base) % o->period, in = d->stats.bytes_h2d, out = d->stats.bytes_d2h;
+  uint64_t at = (m - o->base) % o->period, in = d->stats.bytes_h2d, out = d->stats.bytes_d2h, promised = 0;
   if (at == 0) {
     for (size_t i = 0; i < o->nfix && o->generation == generation; i++) {
       const psp_move *f = &o->fixes[i];
       if (f->dir == PSP_TO_HOST && on(d, f->chunk, PSA_GPU))
         want_victim(o, f->chunk);
       else if (f->dir == PSP_TO_GPU)
-        fetch(d, o, at, f->chunk, NULL, generation);
+        fetch(d, o, at, f->chunk, NULL, generation, &promised);
     }
   }
   for (; o->generation == generation && o->next < o->plan->n_moves && o->plan->moves[o->next].at == at; o->next++) {
@@ -235,7 +242,7 @@ static void run_moves(struct device *d, struct psa_owner *o, uint64_t m, uint64_
     if (mv->dir == PSP_TO_HOST)
       want_victim(o, mv->chunk);
     else
-      fetch(d, o, at, mv->chunk, NULL, generation);
+      fetch(d, o, at, mv->chunk, NULL, generation, &promised);
   }
   psa_moves_poll(d);
   d->stats.plan_moved_in += d->stats.bytes_h2d - in;
@@ -267,11 +274,11 @@ static void serve(struct device *d, struct psa_owner *o)
   uint64_t generation = o->generation;
   ps_mutex_unlock(&o->lock);
   ps_mutex_lock(&d->lock);
-  uint64_t at = (lc.moment - o->base) % o->period;
+  uint64_t at = (lc.moment - o->base) % o->period, promised = 0;
   for (uint32_t k = 0; k < lc.n && o->generation == generation; k++)
     if (psa_chunk_on(d, &d->chunks[lc.chunk[k]], PSA_HOST)) {
       uint64_t fetched = d->stats.owner_fetches;
-      fetch(d, o, at, lc.chunk[k], &lc, generation);
+      fetch(d, o, at, lc.chunk[k], &lc, generation, &promised);
       d->stats.owner_demand_fetches += d->stats.owner_fetches - fetched;
     }
   ps_mutex_unlock(&d->lock);
