@@ -345,13 +345,11 @@ shard_spots)
   # the chunk, in even and odd 32-byte blocks; the first, last and middle bytes).
   # None may be shared (a shared one gives a rank the other's byte: a mismatch, and shard_sim
   # exits 1), and alike many of them are: at least 15 chunks more shared than when they
-  # differ (35-38 seen: only chunks in host frames at two rounds in a row, on both ranks,
-  # are shared, where the owner's moves leave them varies with timing, and the ranks' chunk
-  # layouts must agree). The ranks hold about 400M of host frames together, and a rank at
-  # the node's host budget makes no pieces (at 425M no spot is shared): a rank that reaches
-  # it fails the case by name. 512M: 1G shares fewer (28 or 15 of them on this machine, the
-  # ranks' sums differing for the rest; not understood yet), and one run at 512M ended with
-  # 6; a shortfall prints rank 0's rounds.
+  # differ (all 40 seen nearly always; only chunks in host frames at two rounds in a row, on
+  # both ranks, are shared, and where the owner's moves leave them varies with timing: about
+  # one run in 30 here shared none of them, not understood yet). A rank at the node's host
+  # budget makes no pieces (at 425M no spot is shared): one that reaches it fails the case
+  # by name, and a shortfall prints rank 0's rounds.
   spots=(PSSHIM_CHUNK_SIZE=4M PSSHIM_GPU_BUDGET=8M PSSHIM_HOST_BUDGET=512M PSSHIM_POLICY=auto
          PSSHIM_CUPTI="$FAKE_CUPTI" SPOTS=40 PSSHIM_LOG=debug)
   for differ in 0 1; do

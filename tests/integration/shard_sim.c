@@ -14,8 +14,10 @@
  * make that chunk its own if it is shared (psshim then leaves it unmapped: the write faults).
  * DEVICE_PER_RANK=1 runs rank r on device r, as a torchrun job does (the driver needs
  * FAKECUDA_DEVICE_COUNT ranks).
- * SPOTS=n (n <= 40) adds n replicated buffers of CHUNK bytes less 20 (psshim rounds the
- * allocation up to 512), never touched; with SPOT_DIFFER=1 rank 1's buffer j
+ * SPOTS=n (n <= 40) adds n replicated buffers of a whole chunk each (one a few bytes short
+ * leaves bytes of the chunk the program never writes, which hold whatever the host frame
+ * held before and may differ between ranks: psshim then rightly shares no such chunk),
+ * never touched; with SPOT_DIFFER=1 rank 1's buffer j
  * differs from rank 0's in the one byte at spot j: every offset modulo 32 once (each byte of
  * each 8-byte lane), spread over the buffer (even and odd 32-byte blocks), then its first and
  * last bytes, the last of its whole 32-byte blocks, and both sides of its middle. A chunk
@@ -132,7 +134,7 @@ int main(int argc, char **argv)
     buf[b].kind = b >= nrandom + readers ? SPOT : b >= nrandom ? READ : r < 5 ? COLD : r < 7 ? HOT : PRIVATE;
     buf[b].words = (16 + next() % (6u << 18)) & ~(uint64_t)1023; /* 4 KiB to 6 MiB */
     if (buf[b].kind == SPOT)
-      buf[b].words = (chunk - 20) / 4;
+      buf[b].words = chunk / 4;
     buf[b].mirror = malloc(buf[b].words * 4);
     for (uint64_t i = 0; i < buf[b].words; i++)
       buf[b].mirror[i] = word_of(seed, b, i, buf[b].kind == PRIVATE ? rank + 1 : 0);
