@@ -86,16 +86,15 @@ static bool gpu_frame_coming(struct device *d)
 static struct span *place_at(struct device *d, CUdeviceptr want, uint64_t size, CUstream stream, uint64_t *off)
 {
   uint64_t at = want - d->base, first = at / d->chunk_size, n = (at + size - 1) / d->chunk_size + 1 - first;
-  struct span *s = want >= d->base && first + n <= d->nchunks ? d->chunks[first].span : NULL;
-  if (s && !s->building && first + n <= s->first_chunk + s->nchunks &&
-      psa_span_take_at(d, s, at - s->first_chunk * d->chunk_size, size, stream)) {
-    *off = at - s->first_chunk * d->chunk_size;
-    return s;
-  }
-  if (s || want < d->base || first + n > d->nchunks || !(s = psa_span_new(d, n, first)))
+  if (want < d->base || first + n > d->nchunks)
     return NULL;
-  *off = at - first * d->chunk_size;
-  return psa_span_take_at(d, s, *off, size, stream) ? s : NULL; /* a new span is free throughout */
+  struct span *s = d->chunks[first].span;
+  if (s && (s->building || first + n > s->first_chunk + s->nchunks))
+    return NULL;
+  if (!s && !(s = psa_span_new(d, n, first)))
+    return NULL;
+  *off = at - s->first_chunk * d->chunk_size;
+  return psa_span_take_at(d, s, *off, size, stream) ? s : NULL;
 }
 
 /* Static placement: where the plan's recorded iteration put the same allocation (its chunks

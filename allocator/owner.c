@@ -162,12 +162,6 @@ static uint64_t any_victim(struct device *d, struct psa_owner *o, uint64_t at, u
   return best;
 }
 
-/* GPU frames neither held by a chunk nor yet to be made. */
-static uint64_t gpu_frames_free(const struct device *d)
-{
-  return d->fr.gpu_limit > d->fr.gpu_held ? d->fr.gpu_limit - d->fr.gpu_held : 0;
-}
-
 /* A fetch: onto a free GPU frame, or onto a due eviction's (swapped), or on demand onto
  * another victim's, never one of `keep`'s. A chunk not allocated yet, or shared with the
  * node's ranks, needs no copy, only a frame free when its allocation comes or its touch
@@ -192,7 +186,7 @@ static void fetch(struct device *d, struct psa_owner *o, uint64_t at, uint64_t c
     bool copy = c->span && c->frame != psa_shared_frame(d);
     if (copy && !quiet(d, o, chunk, generation))
       break;
-    if (gpu_frames_free(d) > *promised) {
+    if (psa_gpu_frames_free(d) > *promised) {
       if (copy && psa_move(d, chunk, PSA_GPU) != CUDA_SUCCESS)
         break;
       d->stats.owner_fetches += copy;

@@ -357,6 +357,12 @@ static inline bool psa_gpu_frame_available(const struct device *d)
   return d->fr.free_gpu != PSA_NO_FRAME || d->stats.gpu_frames_made < d->fr.gpu_limit;
 }
 
+/* GPU frames neither held by a chunk nor yet to be made: those free, being made, or allowed. */
+static inline uint64_t psa_gpu_frames_free(const struct device *d)
+{
+  return d->fr.gpu_limit > d->fr.gpu_held ? d->fr.gpu_limit - d->fr.gpu_held : 0;
+}
+
 static inline uint64_t psa_round_up(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
 /* The alignment of a range of chunks: the driver takes only a power of two, and a chunk
  * size is any multiple of the granularity (6M on a node of 3 ranks), so the largest power

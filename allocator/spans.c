@@ -183,13 +183,26 @@ uint64_t psa_span_take(struct device *d, struct span *s, uint32_t i, uint64_t si
   return off;
 }
 
+/* The first free range of s that starts at or after off (s->nranges if none). */
+static uint32_t range_from(const struct span *s, uint64_t off)
+{
+  uint32_t lo = 0, hi = s->nranges;
+  while (lo < hi) {
+    uint32_t mid = (lo + hi) / 2;
+    if (s->ranges[mid].off < off)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
 bool psa_span_take_at(struct device *d, struct span *s, uint64_t off, uint64_t size, CUstream stream)
 {
-  uint32_t i = 0;
-  while (i < s->nranges && s->ranges[i].off + s->ranges[i].len <= off)
-    i++;
-  if (i == s->nranges || s->ranges[i].off > off)
+  uint32_t i = range_from(s, off + 1); /* the range holding off, if any, is the one before */
+  if (i == 0 || s->ranges[i - 1].off + s->ranges[i - 1].len <= off)
     return false;
+  i--;
   if (!psa_range_usable(&s->ranges[i], stream))
     i = settle(d, s, i); /* merging may put off in the range before */
   struct range *r = &s->ranges[i];
@@ -224,14 +237,7 @@ void psa_span_release(struct device *d, struct span *s, uint64_t off, uint64_t s
     psa_event_put(d, ev);
     return;
   }
-  uint32_t lo = 0, hi = s->nranges;
-  while (lo < hi) {
-    uint32_t mid = (lo + hi) / 2;
-    if (s->ranges[mid].off < off)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
+  uint32_t lo = range_from(s, off);
   memmove(&s->ranges[lo + 1], &s->ranges[lo], (s->nranges - lo) * sizeof *s->ranges);
   s->ranges[lo] = (struct range){
       .off = off, .len = size, .pending = ev || graph, .stream = psa_stream_key(stream), .event = ev, .graph = graph};
